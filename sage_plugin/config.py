@@ -1,0 +1,245 @@
+"""`SageConfig`: the one frozen, validated configuration object of the project.
+
+Every SAGE knob (paper defaults, arXiv 2602.00523) and every point the paper leaves open
+(SAGE_SPEC §2, numbered 1..11 below) is a field here with its recommended default.  Runtimes
+(the reference engine, the SGLang adapter) and the bench read this object; nothing else reads
+knobs, and no function reads environment variables.
+
+A bad value raises :class:`ConfigError` naming the field and its allowed range::
+
+    >>> SageConfig(d_min=0)
+    Traceback (most recent call last):
+    ...
+    sage_plugin.config.ConfigError: d_min must be an integer in [1, 64], got 0
+
+Open points (SAGE_SPEC §2) and their switches:
+
+==  ===========================================  =====================  ==========================
+#   open point                                   field                  values (default first)
+==  ===========================================  =====================  ==========================
+1   which distribution gives alpha               ``alpha_source``       lag1, fresh, path_mean
+2   rounding of D, W, W_l                        ``rounding``           half_up, ceil, floor
+    clamp W_l >= 1                               ``clamp_level_width``  True, False
+3   P_parent in Eq. 12                           ``parent_prob``        conditional, joint
+4   what theta_l is compared with                ``threshold_on``       joint, conditional
+5   probabilities for W_l / theta_l              ``prob_space``         full, topk
+6   order under N_max                            ``budget_order``       best_first, parent_order
+7   always keep the rank-0 level-1 child         ``keep_top1``          True, False
+8   when the topology is built                   ``topology``           online, planned
+9   history step / cap / cool-down               ``history_step``,      1, 10, full_window
+                                                 ``d_cap``,
+                                                 ``history_cooldown``
+10  tau units for the history thresholds         ``history_tau``        drafts, drafts_plus_bonus
+11  rebuild buffers every round                  (always; not a knob: trees are rebuilt per round)
+==  ===========================================  =====================  ==========================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+__all__ = ["ConfigError", "SageConfig", "MC_SIM_7B_63", "POLICIES"]
+
+#: SpecVLM's 25-node initial tree (rank paths), SAGE Appendix A.1 / SAGE_SPEC §1.9.
+MC_SIM_7B_63: tuple[tuple[int, ...], ...] = (
+    (0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
+    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (1, 0, 0),
+    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
+)
+
+POLICIES = ("sage", "eagle2", "static", "chain")
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of its allowed range (the message names the field)."""
+
+
+def _int_in(name: str, value: Any, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+
+
+def _float_in(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (lo < value if lo_open else lo <= value) and value <= hi
+    if not ok:
+        left = "(" if lo_open else "["
+        raise ConfigError(f"{name} must be a number in {left}{lo}, {hi}], got {value!r}")
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SageConfig:
+    """All knobs of SAGE and its baselines.  Paper defaults [S], reconstructions [R]."""
+
+    # -- which tree policy builds the draft tree ------------------------------------------
+    policy: str = "sage"
+    # -- SAGE Eq. 7-12 [S] --------------------------------------------------------------------
+    k: int = 10  # top-k for the entropy (Eq. 7) and the candidate children per node
+    d_min: int = 3
+    d_max: int = 8
+    w_min: int = 2
+    w_max: int = 10
+    n_max: int = 64  # node cap (draft nodes, root excluded)
+    theta0: float = 0.1  # theta_l = theta0 * l / D
+    alpha_init: float = 0.5
+    first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)
+    # -- history controller [S] + [R] ---------------------------------------------------------
+    use_history: bool = True
+    history_window: int = 10
+    history_lo: float = 2.0
+    history_hi: float = 3.0
+    history_step: int = 1  # open point 9
+    d_cap: int = 10  # open point 9
+    history_cooldown: str = "full_window"  # open point 9: full_window | none
+    history_tau: str = "drafts"  # open point 10: drafts | drafts_plus_bonus
+    # -- open points (see module docstring) ----------------------------------------------------
+    use_entropy: bool = True  # False: alpha stays at alpha_init (ablation "history only")
+    alpha_source: str = "lag1"
+    rounding: str = "half_up"
+    clamp_level_width: bool = True
+    parent_prob: str = "conditional"
+    threshold_on: str = "joint"
+    prob_space: str = "full"
+    budget_order: str = "best_first"
+    keep_top1: bool = True
+    topology: str = "online"
+    # -- baselines -----------------------------------------------------------------------------
+    eagle_depth: int = 7  # EAGLE-2 expansion levels (SAGE_SPEC §8: depth 7, top-k 10, 60 nodes)
+    eagle_total_tokens: int = 60  # EAGLE-2 final rerank budget (draft nodes)
+    chain_depth: int = 5  # SD-Chain
+    static_tree: tuple[tuple[int, ...], ...] = field(default=MC_SIM_7B_63)
+    # -- VLM draft-side visual-token pruning (SpecVLM) ------------------------------------------
+    prune_ratio_image: float = 0.8
+    prune_ratio_video: float = 0.9
+
+    def __post_init__(self) -> None:
+        _choice("policy", self.policy, POLICIES)
+        _int_in("k", self.k, 2, 64)
+        _int_in("d_min", self.d_min, 1, 64)
+        _int_in("d_max", self.d_max, self.d_min, 64)
+        _int_in("d_cap", self.d_cap, self.d_max, 64)
+        _int_in("w_min", self.w_min, 1, self.k)
+        _int_in("w_max", self.w_max, self.w_min, self.k)
+        _int_in("n_max", self.n_max, 1, 1024)
+        _float_in("theta0", self.theta0, 0.0, 1.0)
+        _float_in("alpha_init", self.alpha_init, 0.0, 1.0)
+        _bool("first_round_static", self.first_round_static)
+        _bool("use_history", self.use_history)
+        _int_in("history_window", self.history_window, 1, 10_000)
+        _float_in("history_lo", self.history_lo, 0.0, 1e6)
+        _float_in("history_hi", self.history_hi, self.history_lo, 1e6)
+        _int_in("history_step", self.history_step, 1, 64)
+        _choice("history_cooldown", self.history_cooldown, ("full_window", "none"))
+        _choice("history_tau", self.history_tau, ("drafts", "drafts_plus_bonus"))
+        _bool("use_entropy", self.use_entropy)
+        _choice("alpha_source", self.alpha_source, ("lag1", "fresh", "path_mean"))
+        _choice("rounding", self.rounding, ("half_up", "ceil", "floor"))
+        _bool("clamp_level_width", self.clamp_level_width)
+        _choice("parent_prob", self.parent_prob, ("conditional", "joint"))
+        _choice("threshold_on", self.threshold_on, ("joint", "conditional"))
+        _choice("prob_space", self.prob_space, ("full", "topk"))
+        _choice("budget_order", self.budget_order, ("best_first", "parent_order"))
+        _bool("keep_top1", self.keep_top1)
+        _choice("topology", self.topology, ("online", "planned"))
+        _int_in("eagle_depth", self.eagle_depth, 1, 64)
+        _int_in("eagle_total_tokens", self.eagle_total_tokens, 1, 1024)
+        _int_in("chain_depth", self.chain_depth, 1, 64)
+        _validate_tree_choices("static_tree", self.static_tree, self.k)
+        _float_in("prune_ratio_image", self.prune_ratio_image, 0.0, 1.0)
+        _float_in("prune_ratio_video", self.prune_ratio_video, 0.0, 1.0)
+        if self.prune_ratio_image >= 1.0 or self.prune_ratio_video >= 1.0:
+            raise ConfigError("prune_ratio_image and prune_ratio_video must be < 1 (keep at least one token)")
+
+    # -- derived sizes ------------------------------------------------------------------------
+    @property
+    def max_tree_depth(self) -> int:
+        """Deepest draft level any round of the configured policy can reach."""
+        static_depth = max(len(p) for p in self.static_tree)
+        if self.policy == "sage":
+            deepest = self.d_cap if self.use_history else self.d_max
+            return max(deepest, static_depth if self.first_round_static else 0)
+        if self.policy == "eagle2":
+            return self.eagle_depth
+        if self.policy == "chain":
+            return self.chain_depth
+        return static_depth
+
+    @property
+    def max_tree_nodes(self) -> int:
+        """Largest number of draft nodes (root excluded) in one request's tree."""
+        if self.policy == "sage":
+            return max(self.n_max, len(self.static_tree) if self.first_round_static else 0)
+        if self.policy == "eagle2":
+            return self.eagle_total_tokens
+        if self.policy == "chain":
+            return self.chain_depth
+        return len(self.static_tree)
+
+    # -- (de)serialisation ----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["static_tree"] = [list(p) for p in self.static_tree]
+        return out
+
+    def replace(self, **changes: Any) -> "SageConfig":
+        return from_mapping({**self.to_dict(), **changes})
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "SageConfig":
+        return from_mapping(values)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, section: str | None = "sage") -> "SageConfig":
+        """Load from a YAML file; with ``section`` set, read that top-level mapping."""
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if section is not None and section in data:
+            data = data[section]
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping of SAGE options, got {type(data).__name__}")
+        return from_mapping(data)
+
+
+def from_mapping(values: Mapping[str, Any]) -> SageConfig:
+    """Build a config from plain values (YAML, CLI); unknown keys are one clear error."""
+    known = {f.name for f in dataclasses.fields(SageConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown SAGE option(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    kwargs = dict(values)
+    if "static_tree" in kwargs:
+        tree = kwargs["static_tree"]
+        if not isinstance(tree, (list, tuple)) or not all(isinstance(p, (list, tuple)) for p in tree):
+            raise ConfigError(f"static_tree must be a list of rank paths like [[0], [0, 0]], got {tree!r}")
+        kwargs["static_tree"] = tuple(tuple(p) for p in tree)
+    return SageConfig(**kwargs)
+
+
+def _validate_tree_choices(name: str, paths: Any, k: int) -> None:
+    if not isinstance(paths, tuple) or not paths:
+        raise ConfigError(f"{name} must be a non-empty list of rank paths, got {paths!r}")
+    seen = set()
+    for p in paths:
+        if not isinstance(p, tuple) or not p or not all(isinstance(r, int) and 0 <= r < k for r in p):
+            raise ConfigError(f"{name}: every rank path must be a non-empty list of ranks in [0, {k - 1}], got {p!r}")
+        seen.add(p)
+    if len(seen) != len(paths):
+        raise ConfigError(f"{name} contains duplicate rank paths")
+    for p in paths:
+        if len(p) > 1 and p[:-1] not in seen:
+            raise ConfigError(f"{name}: path {list(p)} has no parent path {list(p[:-1])} (tree must be ancestor-closed)")

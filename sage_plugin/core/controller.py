@@ -1,0 +1,105 @@
+"""Adaptive-history controller (SAGE §3, "adaptive history tracking") with [R] step/cap/cool-down.
+
+Per request, keep a sliding window of the last ``window`` acceptance lengths.  Once the window is
+full and at least ``window`` rounds have passed since the last change (full-window cool-down,
+SAGE_SPEC §2 point 9), move ``D_max`` by ``-step`` when the mean is below ``lo`` and by ``+step``
+when it is above ``hi``, clamped to ``[D_min, D_cap]``.
+
+Everything is batched ``[B]`` tensor state updated with ``torch.where``: no host sync.
+
+Worked trace (window 2, lo 2, hi 3, step 1, D_max 8, cap 10, full-window cool-down)::
+
+    tau:            4    4    4    4    1    1
+    window mean:    -    4    4    4   2.5   1
+    since change:   1    2→0  1    2→0  1    2→0
+    D_max:          8    9    9   10   10    9
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["HistoryState", "history_init", "history_update"]
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryState:
+    """Per-request controller state.
+
+    Attributes:
+        window: ``[B, W]`` float32 ring buffer of recent acceptance lengths.
+        seen: ``[B]`` int64 rounds observed (saturates at W for the fill check).
+        since_change: ``[B]`` int64 rounds since the last D_max change.
+        d_max: ``[B]`` int64 current maximum depth.
+    """
+
+    window: torch.Tensor
+    seen: torch.Tensor
+    since_change: torch.Tensor
+    d_max: torch.Tensor
+
+    def index(self, idx: torch.Tensor) -> "HistoryState":
+        """Rows ``idx`` (batch management: drop finished requests)."""
+        return HistoryState(self.window[idx], self.seen[idx], self.since_change[idx], self.d_max[idx])
+
+    @staticmethod
+    def cat(states: list["HistoryState"]) -> "HistoryState":
+        return HistoryState(*(torch.cat([getattr(s, f) for s in states]) for f in HistoryState.__slots__))
+
+
+def history_init(batch: int, window: int, d_max: int, device: torch.device | str = "cpu") -> HistoryState:
+    return HistoryState(
+        window=torch.zeros(batch, window, dtype=torch.float32, device=device),
+        seen=torch.zeros(batch, dtype=torch.int64, device=device),
+        since_change=torch.zeros(batch, dtype=torch.int64, device=device),
+        d_max=torch.full((batch,), d_max, dtype=torch.int64, device=device),
+    )
+
+
+def history_update(
+    state: HistoryState,
+    tau: torch.Tensor,
+    *,
+    lo: float,
+    hi: float,
+    step: int,
+    d_min: int,
+    d_cap: int,
+    full_window_cooldown: bool,
+) -> HistoryState:
+    """Push one round's acceptance length per request and move ``d_max`` (sync-free).
+
+    Args:
+        state: current state (``[B]`` rows).
+        tau: ``[B]`` acceptance length in the configured units.
+        lo, hi: thresholds on the window mean.
+        step: change per move.
+        d_min, d_cap: bounds on ``d_max``.
+        full_window_cooldown: require ``W`` rounds since the last change before the next.
+
+    Returns:
+        The new state.
+
+    >>> s = history_init(1, 2, 8)
+    >>> for t in (4, 4, 4, 4, 1, 1):
+    ...     s = history_update(s, torch.tensor([float(t)]), lo=2, hi=3, step=1, d_min=3, d_cap=10,
+    ...                        full_window_cooldown=True)
+    ...     print(int(s.d_max), end=" ")
+    8 9 9 10 10 9 
+    """
+    w = state.window.shape[1]
+    window = torch.cat([state.window[:, 1:], tau.float()[:, None]], dim=1)
+    seen = (state.seen + 1).clamp(max=w)
+    since = state.since_change + 1
+    mean = window.mean(1)
+    ready = seen >= w
+    if full_window_cooldown:
+        ready = ready & (since >= w)
+    down = ready & (mean < lo) & (state.d_max > d_min)
+    up = ready & (mean > hi) & (state.d_max < d_cap)
+    d_max = torch.where(down, (state.d_max - step).clamp(min=d_min), state.d_max)
+    d_max = torch.where(up, (state.d_max + step).clamp(max=d_cap), d_max)
+    since = torch.where(down | up, torch.zeros_like(since), since)
+    return HistoryState(window, seen, since, d_max)

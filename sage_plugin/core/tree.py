@@ -1,0 +1,249 @@
+"""Batched draft-tree layout and its conversions.
+
+Layout (padded, one row per request).  Node 0 of every row is the **root**: the last token the
+target produced (the previous round's bonus), not yet in either KV cache.  Nodes ``1..n-1`` are
+draft tokens in level order (every parent index is smaller than its child's).  Padding uses -1.
+
+Worked example (one request, 5 nodes)::
+
+        root(0) "The"
+        ├── 1 "cat"
+        │    └── 3 "sat"
+        │         └── 4 "on"
+        └── 2 "dog"
+
+    tokens  = [The, cat, dog, sat, on]
+    parents = [-1,   0,   0,   1,  3]
+    depths  = [ 0,   1,   1,   2,  3]
+    positions (prefix length L) = L + depths = [L, L+1, L+1, L+2, L+3]
+
+    ancestor mask (row i sees column j iff j is i or an ancestor of i):
+             0 1 2 3 4
+        0 [  1 0 0 0 0 ]
+        1 [  1 1 0 0 0 ]
+        2 [  1 0 1 0 0 ]
+        3 [  1 1 0 1 0 ]
+        4 [  1 1 0 1 1 ]
+
+    SGLang first-child / next-sibling arrays (``retrieve_*``, local node ids):
+        next_token   = [ 1,  3, -1,  4, -1]
+        next_sibling = [-1,  2, -1, -1, -1]
+
+Greedy verification trace: if the target's argmax after "The" is "cat", after "cat" is "sat" and
+after "sat" is "in", nodes 1 and 3 are accepted (tau = 2) and "in" is the bonus token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+__all__ = [
+    "DraftTree",
+    "ancestor_mask",
+    "tree_positions",
+    "to_retrieve_arrays",
+    "parents_from_retrieve_arrays",
+    "tree_from_choices",
+    "choices_from_tree",
+    "flatten_tree",
+    "path_code",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class DraftTree:
+    """A batch of draft trees, padded to ``N`` nodes (root included).
+
+    Attributes:
+        tokens: ``[B, N]`` int64 token ids, -1 on padding.
+        parents: ``[B, N]`` int64 parent node index, -1 for the root and on padding.
+        depths: ``[B, N]`` int64 depth (root 0), -1 on padding.
+        num_nodes: ``[B]`` int64 valid nodes per request, root included (>= 1).
+        draft_logp: ``[B, N]`` float32 draft conditional log-probability of each node given its
+            parent (0 for the root, -inf on padding).
+        ranks: ``[B, N]`` int64 rank of each node among its parent's top-k candidates
+            (-1 for the root and padding).
+        max_depth: host int, an upper bound on ``depths`` (the number of draft levels built).
+        node_conf: ``[B, N]`` float32 confidence alpha of each node's own draft distribution
+            (NaN where the draft never ran on the node, e.g. leaves).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    num_nodes: torch.Tensor
+    draft_logp: torch.Tensor
+    ranks: torch.Tensor
+    max_depth: int
+    node_conf: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def width(self) -> int:
+        """Padded node count ``N`` (root included)."""
+        return self.tokens.shape[1]
+
+    def valid(self) -> torch.Tensor:
+        """``[B, N]`` bool, True on real nodes."""
+        return torch.arange(self.width, device=self.tokens.device) < self.num_nodes[:, None]
+
+
+def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """Tree attention mask: row i is True on i and on every ancestor of i.
+
+    Args:
+        parents: ``[B, N]`` int64, -1 for roots and padding (padding rows only see themselves).
+        max_depth: upper bound on the depth of any node (number of parent hops to follow).
+
+    Returns:
+        ``[B, N, N]`` bool.
+
+    >>> ancestor_mask(torch.tensor([[-1, 0, 0, 1, 3]]), 3)[0].int()
+    tensor([[1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [1, 0, 1, 0, 0],
+            [1, 1, 0, 1, 0],
+            [1, 1, 0, 1, 1]], dtype=torch.int32)
+    """
+    bsz, n = parents.shape
+    mask = torch.eye(n, dtype=torch.bool, device=parents.device).expand(bsz, n, n).clone()
+    hop = parents.clone()  # [B, N]: the k-th ancestor of every node, -1 once past the root
+    for _ in range(max_depth):
+        ok = hop >= 0
+        mask |= torch.nn.functional.one_hot(hop.clamp(min=0), n).bool() & ok[..., None]
+        hop = torch.where(ok, parents.gather(1, hop.clamp(min=0)), hop)
+    return mask
+
+
+def tree_positions(depths: torch.Tensor, prefix_lens: torch.Tensor) -> torch.Tensor:
+    """Position ids of tree nodes: committed prefix length + depth (padding gets the root's).
+
+    Args:
+        depths: ``[B, N]`` int64 (-1 on padding).
+        prefix_lens: ``[B]`` int64 committed KV length of each request (the root's position).
+
+    Returns:
+        ``[B, N]`` int64.
+
+    >>> tree_positions(torch.tensor([[0, 1, 1, 2, -1]]), torch.tensor([7]))
+    tensor([[7, 8, 8, 9, 7]])
+    """
+    return prefix_lens[:, None] + depths.clamp(min=0)
+
+
+def to_retrieve_arrays(parents: torch.Tensor, num_nodes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Convert parents to SGLang's verify index arrays.
+
+    Children are linked in increasing node order (first child = smallest index).
+
+    Args:
+        parents: ``[B, N]`` int64.
+        num_nodes: ``[B]`` int64.
+
+    Returns:
+        ``(retrieve_index, retrieve_next_token, retrieve_next_sibling)``, each ``[B, N]`` int64:
+        global node ids ``b*N + i`` (-1 on padding), first child, next sibling (local ids, -1 none).
+
+    >>> idx, nxt, sib = to_retrieve_arrays(torch.tensor([[-1, 0, 0, 1, 3]]), torch.tensor([5]))
+    >>> nxt, sib
+    (tensor([[ 1,  3, -1,  4, -1]]), tensor([[-1,  2, -1, -1, -1]]))
+    """
+    bsz, n = parents.shape
+    dev = parents.device
+    node = torch.arange(n, device=dev).expand(bsz, n)
+    valid = node < num_nodes[:, None]
+    is_child = valid & (parents >= 0)
+    # For every (parent p, child c): c is p's first child iff no smaller child of p exists;
+    # c's next sibling is the smallest child of p larger than c.  [B, N, N] pairwise, N <= ~1k.
+    same_parent = (parents[:, :, None] == parents[:, None, :]) & is_child[:, :, None] & is_child[:, None, :]
+    later = node[:, None, :] > node[:, :, None]
+    sib_cand = torch.where(same_parent & later, node[:, None, :], n)
+    next_sibling = sib_cand.min(-1).values
+    next_sibling = torch.where(next_sibling == n, -1, next_sibling)
+    child_of = (parents[:, None, :] == node[:, :, None]) & is_child[:, None, :]  # [B, parent, child]
+    next_token = torch.where(child_of, node[:, None, :], n).min(-1).values
+    next_token = torch.where((next_token == n) | ~valid, -1, next_token)
+    next_sibling = torch.where(valid, next_sibling, -1)
+    retrieve_index = torch.where(valid, node + torch.arange(bsz, device=dev)[:, None] * n, -1)
+    return retrieve_index, next_token, next_sibling
+
+
+def parents_from_retrieve_arrays(next_token: torch.Tensor, next_sibling: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`to_retrieve_arrays`: recover ``parents [B, N]`` (-1 root/padding).
+
+    A node's parent is the node whose first child starts the sibling chain containing it.
+    """
+    bsz, n = next_token.shape
+    parents = torch.full((bsz, n + 1), -1, dtype=next_token.dtype, device=next_token.device)
+    cur = next_token.clone()  # walk every parent's sibling chain in lock-step
+    owner = torch.arange(n, device=next_token.device).expand(bsz, n)
+    for _ in range(n):  # a sibling chain is at most n long; finished chains write to column n
+        ok = cur >= 0
+        parents.scatter_(1, torch.where(ok, cur, n), torch.where(ok, owner, -1))
+        cur = torch.where(ok, next_sibling.gather(1, cur.clamp(min=0)), cur)
+    return parents[:, :n]
+
+
+def path_code(parent_code: torch.Tensor, rank: torch.Tensor, k: int) -> torch.Tensor:
+    """Integer code of a rank path: ``code(child) = code(parent) * (k + 1) + rank + 1``; root 0.
+
+    Unique for paths up to ``log_{k+1}(2**63)`` deep (18 levels at k = 10).
+
+    >>> int(path_code(path_code(torch.tensor(0), torch.tensor(1), 10), torch.tensor(0), 10))
+    23
+    """
+    return parent_code * (k + 1) + rank + 1
+
+
+def codes_of_choices(choices: Sequence[Sequence[int]], k: int) -> list[int]:
+    """Path codes of a ``tree_choices`` list (host ints, for building lookup tables)."""
+    out = []
+    for path in choices:
+        code = 0
+        for r in path:
+            code = code * (k + 1) + r + 1
+        out.append(code)
+    return out
+
+
+def tree_from_choices(choices: Sequence[Sequence[int]]) -> tuple[list[int], list[int], list[int]]:
+    """Topology of a Medusa/SpecVLM ``tree_choices`` list, in level order.
+
+    Returns host lists ``(parents, depths, ranks)`` over ``len(choices) + 1`` nodes (root first).
+
+    >>> tree_from_choices([[0], [1], [0, 0]])
+    ([-1, 0, 0, 1], [0, 1, 1, 2], [-1, 0, 1, 0])
+    """
+    ordered = sorted((tuple(p) for p in choices), key=lambda p: (len(p), p))
+    index = {(): 0}
+    parents, depths, ranks = [-1], [0], [-1]
+    for i, p in enumerate(ordered, start=1):
+        index[p] = i
+        parents.append(index[p[:-1]])
+        depths.append(len(p))
+        ranks.append(p[-1])
+    return parents, depths, ranks
+
+
+def choices_from_tree(parents: Sequence[int], ranks: Sequence[int]) -> list[list[int]]:
+    """Inverse of :func:`tree_from_choices` for one request (host lists; padding = parent -1 past 0)."""
+    paths: list[list[int]] = [[]]
+    for i in range(1, len(parents)):
+        if parents[i] < 0:
+            break
+        paths.append(paths[parents[i]] + [ranks[i]])
+    return sorted(paths[1:], key=lambda p: (len(p), p))
+
+
+def flatten_tree(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Flattened CSR form: ``(tokens [T], parents [T] (local), depths [T], cu_num_nodes [B+1])``."""
+    valid = tree.valid()
+    cu = torch.zeros(tree.batch_size + 1, dtype=torch.int64, device=tree.tokens.device)
+    cu[1:] = torch.cumsum(tree.num_nodes, 0)
+    return tree.tokens[valid], tree.parents[valid], tree.depths[valid], cu
