@@ -267,4 +267,5 @@ def finalize(pool: DraftPool, selected: torch.Tensor, max_depth: int, width: int
         ranks=move(pool.ranks, -1),
         max_depth=max_depth,
         node_conf=move(pool.conf, float("nan")),
+        source=move(torch.arange(pool.capacity + 1, device=dev).expand(bsz, -1), -1),
     )

@@ -69,6 +69,8 @@ class DraftTree:
         max_depth: host int, an upper bound on ``depths`` (the number of draft levels built).
         node_conf: ``[B, N]`` float32 confidence alpha of each node's own draft distribution
             (NaN where the draft never ran on the node, e.g. leaves).
+        source: ``[B, N]`` int64 index of each node in the pool it was selected from (-1 on
+            padding), so a runtime can find the node's draft KV slot; None if not built from a pool.
     """
 
     tokens: torch.Tensor
@@ -79,6 +81,7 @@ class DraftTree:
     ranks: torch.Tensor
     max_depth: int
     node_conf: torch.Tensor
+    source: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -88,6 +91,14 @@ class DraftTree:
     def width(self) -> int:
         """Padded node count ``N`` (root included)."""
         return self.tokens.shape[1]
+
+    def narrow(self, n: int) -> "DraftTree":
+        """The first ``n`` node columns (``n >= num_nodes.max()``: drops padding only)."""
+        cut = lambda t: None if t is None else t[:, :n]  # noqa: E731
+        return DraftTree(
+            cut(self.tokens), cut(self.parents), cut(self.depths), self.num_nodes, cut(self.draft_logp),
+            cut(self.ranks), self.max_depth, cut(self.node_conf), cut(self.source),
+        )
 
     def valid(self) -> torch.Tensor:
         """``[B, N]`` bool, True on real nodes."""

@@ -1,0 +1,208 @@
+"""Evaluation prompts bundled with the package, as chat messages.
+
+The data lives in ``sage_plugin/assets/data`` (sources, licences and the one modified file are
+listed in ``assets/data/SOURCES.md``).  Four sets are available:
+
+============  =====  ==========================================================================
+dataset       count  user message (one turn, ``role="user"``)
+============  =====  ==========================================================================
+``mt_bench``     80  the FIRST turn of each MT-Bench question, verbatim; id = ``question_id``
+``gsm8k``       200  the GSM8K question + ``"\\nAnswer step by step."`` (:data:`GSM8K_SUFFIX`);
+                     id = ``"gsm8k/<line index>"``
+``humaneval``   164  ``"Complete the following Python function.\\n\\n```python\\n"`` + the
+                     HumanEval ``prompt`` + ``"```"`` (every ``prompt`` already ends with a
+                     newline, so the fence closes on its own line); id = ``task_id``
+``vlm``          24  the question ``text`` verbatim; :attr:`Prompt.image` is the image path
+                     (absolute, resolved under ``assets/data/vlm``); id = ``question_id``
+============  =====  ==========================================================================
+
+No system message is added: the tokenizer's chat template supplies its default one, if any.
+Prompts come in file order and ``limit`` keeps the first N, so every call is deterministic::
+
+    >>> [p.id for p in load_prompts("mt_bench", limit=3)]
+    ['81', '82', '83']
+    >>> [p.dataset for p in mixed_text_prompts(4)]
+    ['mt_bench', 'gsm8k', 'humaneval', 'mt_bench']
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DATASETS",
+    "TEXT_DATASETS",
+    "GSM8K_SUFFIX",
+    "HUMANEVAL_PREFIX",
+    "HUMANEVAL_SUFFIX",
+    "Prompt",
+    "data_dir",
+    "load_prompts",
+    "mixed_text_prompts",
+    "multimodal_messages",
+    "render_chat",
+]
+
+DATASETS: tuple[str, ...] = ("mt_bench", "gsm8k", "humaneval", "vlm")
+"""Every dataset name :func:`load_prompts` accepts."""
+
+TEXT_DATASETS: tuple[str, ...] = ("mt_bench", "gsm8k", "humaneval")
+"""The text-only datasets, in the round-robin order of :func:`mixed_text_prompts`."""
+
+GSM8K_SUFFIX = "\nAnswer step by step."
+HUMANEVAL_PREFIX = "Complete the following Python function.\n\n```python\n"
+HUMANEVAL_SUFFIX = "```"
+
+# dataset -> file, relative to assets/data
+_FILES: dict[str, str] = {
+    "mt_bench": "prompts/mt_bench.jsonl",
+    "gsm8k": "prompts/gsm8k_200.jsonl",
+    "humaneval": "prompts/humaneval.jsonl",
+    "vlm": "vlm/questions.jsonl",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One evaluation prompt.
+
+    ``messages`` are chat messages (``{"role": ..., "content": str}``) ready for
+    ``tokenizer.apply_chat_template``.  ``image`` is set for the ``vlm`` set only.
+    ``completion_prefix`` (no bundled set uses it) is text the assistant turn should start with;
+    :func:`render_chat` appends its tokens after the generation prompt.
+    """
+
+    id: str
+    dataset: str
+    messages: tuple[dict, ...]
+    image: Path | None = None
+    completion_prefix: str | None = None
+
+
+def data_dir() -> Path:
+    """The bundled ``assets/data`` folder, located relative to the installed package."""
+    root = resources.files("sage_plugin")
+    if isinstance(root, Path):
+        return root / "assets" / "data"
+    # Not a plain directory (e.g. a zip import): fall back to this file's location.
+    return Path(__file__).resolve().parent.parent / "assets" / "data"
+
+
+@functools.lru_cache(maxsize=None)
+def _records(dataset: str) -> tuple[dict[str, Any], ...]:
+    path = data_dir() / _FILES[dataset]
+    with path.open(encoding="utf-8") as fh:
+        return tuple(json.loads(line) for line in fh if line.strip())
+
+
+def _user(content: str) -> tuple[dict, ...]:
+    return ({"role": "user", "content": content},)
+
+
+def _make(dataset: str, index: int, rec: Mapping[str, Any]) -> Prompt:
+    if dataset == "mt_bench":
+        return Prompt(id=str(rec["question_id"]), dataset=dataset, messages=_user(rec["turns"][0]))
+    if dataset == "gsm8k":
+        return Prompt(id=f"gsm8k/{index}", dataset=dataset, messages=_user(rec["question"] + GSM8K_SUFFIX))
+    if dataset == "humaneval":
+        text = HUMANEVAL_PREFIX + rec["prompt"] + HUMANEVAL_SUFFIX
+        return Prompt(id=str(rec["task_id"]), dataset=dataset, messages=_user(text))
+    if dataset == "vlm":
+        image = (data_dir() / "vlm" / rec["image"]).resolve()
+        return Prompt(id=str(rec["question_id"]), dataset=dataset, messages=_user(rec["text"]), image=image)
+    raise AssertionError(dataset)  # pragma: no cover - guarded by load_prompts
+
+
+def load_prompts(dataset: str, limit: int | None = None) -> list[Prompt]:
+    """Prompts of ``dataset`` (one of :data:`DATASETS`) in file order; ``limit`` keeps the first N.
+
+    >>> load_prompts("humaneval", limit=1)[0].id
+    'HumanEval/0'
+    >>> load_prompts("squad")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown dataset 'squad'; expected one of ('mt_bench', 'gsm8k', 'humaneval', 'vlm')
+    """
+    if dataset not in _FILES:
+        raise ValueError(f"unknown dataset {dataset!r}; expected one of {DATASETS}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit must be None or an integer >= 0, got {limit!r}")
+    recs = _records(dataset)
+    if limit is not None:
+        recs = recs[:limit]
+    return [_make(dataset, i, r) for i, r in enumerate(recs)]
+
+
+def mixed_text_prompts(n: int) -> list[Prompt]:
+    """``n`` text prompts taken round-robin from :data:`TEXT_DATASETS` (first items of each).
+
+    Order: mt_bench[0], gsm8k[0], humaneval[0], mt_bench[1], ...  so ``n=20`` gives 7 mt_bench,
+    7 gsm8k and 6 humaneval prompts.  A set that runs out is skipped; ``n`` larger than all text
+    prompts together (444) raises ``ValueError``.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be an integer >= 0, got {n!r}")
+    pools = [load_prompts(d, limit=n) for d in TEXT_DATASETS]
+    total = sum(len(p) for p in pools)
+    if n > total:
+        raise ValueError(f"only {total} text prompts are bundled, asked for {n}")
+    out: list[Prompt] = []
+    i = 0
+    while len(out) < n:
+        for pool in pools:
+            if i < len(pool) and len(out) < n:
+                out.append(pool[i])
+        i += 1
+    return out
+
+
+def multimodal_messages(prompt: Prompt) -> list[dict]:
+    """``prompt.messages`` in the Hugging Face multimodal chat format, for VLM processors.
+
+    The last user message's content becomes ``[{"type": "image", "path": ...}, {"type": "text",
+    "text": ...}]``; prompts without an image are returned as plain text parts.
+    """
+    msgs = [dict(m) for m in prompt.messages]
+    for m in msgs:
+        if isinstance(m.get("content"), str):
+            m["content"] = [{"type": "text", "text": m["content"]}]
+    if prompt.image is not None:
+        last_user = max(i for i, m in enumerate(msgs) if m.get("role") == "user")
+        msgs[last_user]["content"] = [{"type": "image", "path": str(prompt.image)}, *msgs[last_user]["content"]]
+    return msgs
+
+
+def _as_int_list(out: Any) -> list[int]:
+    if isinstance(out, Mapping) or hasattr(out, "keys"):  # dict / BatchEncoding (transformers 5.x)
+        out = out["input_ids"]
+    if hasattr(out, "tolist"):  # torch / numpy
+        out = out.tolist()
+    if isinstance(out, Sequence) and not isinstance(out, (str, bytes)) and out and not isinstance(out[0], int):
+        # batched [[ids]]: a single conversation was rendered
+        if len(out) != 1:
+            raise ValueError(f"expected one rendered conversation, got {len(out)}")
+        out = out[0]
+        if hasattr(out, "tolist"):
+            out = out.tolist()
+    return [int(t) for t in out]
+
+
+def render_chat(tokenizer: Any, prompt: Prompt) -> list[int]:
+    """Token ids of ``prompt`` under the tokenizer's chat template, with the generation prompt.
+
+    Calls ``tokenizer.apply_chat_template(list(prompt.messages), add_generation_prompt=True,
+    tokenize=True)`` and accepts every shape it returns (plain list, nested list, tensor, or the
+    dict / ``BatchEncoding`` that transformers 5.x returns); the result is a plain ``list[int]``.
+    If ``prompt.completion_prefix`` is set, its tokens (no special tokens) are appended.
+    """
+    out = tokenizer.apply_chat_template([dict(m) for m in prompt.messages], add_generation_prompt=True, tokenize=True)
+    ids = _as_int_list(out)
+    if prompt.completion_prefix:
+        ids += _as_int_list(tokenizer.encode(prompt.completion_prefix, add_special_tokens=False))
+    return ids

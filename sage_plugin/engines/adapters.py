@@ -1,0 +1,69 @@
+"""Model adapters: what the reference engine needs from an HF model.
+
+An adapter prefills one request (returning its KV rows, last logits and the model position of the
+next token) and runs batched forwards of new tokens at explicit positions under an explicit 4-D
+mask.  Text LMs use 1-D rotary positions; M-RoPE VLMs (Qwen2-VL / Qwen2.5-VL) accept the same
+2-D ``position_ids`` for text tokens and broadcast them to their three axes (text position +
+the request's rope delta), so only their prefill differs (see :mod:`sage_plugin.engines.vlm`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from .kv import PrefillResult, SeqState
+
+__all__ = ["GenRequest", "ModelAdapter", "TextAdapter"]
+
+
+@dataclass(slots=True)
+class GenRequest:
+    """One generation request.
+
+    Attributes:
+        prompt_ids: token ids of the rendered prompt (chat template applied).
+        mm: optional multimodal inputs understood by VLM adapters (e.g. an image path or
+            processor outputs); text adapters ignore it.
+        request_id: caller's identifier (kept in outputs).
+    """
+
+    prompt_ids: list[int]
+    mm: Any = None
+    request_id: str = ""
+    meta: dict = field(default_factory=dict)
+
+
+class ModelAdapter(Protocol):
+    model: Any
+    vocab_size: int
+
+    def prefill(self, request: GenRequest) -> PrefillResult: ...
+
+    def forward(self, state: SeqState, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
+
+
+class TextAdapter:
+    """Any HF causal LM with rotary positions (Llama, Qwen2, SmolLM2, ...)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.device = next(model.parameters()).device
+
+    @torch.inference_mode()
+    def prefill(self, request: GenRequest) -> PrefillResult:
+        ids = torch.tensor([request.prompt_ids], dtype=torch.int64, device=self.device).clamp(max=self.vocab_size - 1)
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        return PrefillResult(kv, out.logits[0, -1].float(), ids.shape[1])
+
+    @torch.inference_mode()
+    def forward(self, state: SeqState, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, Q, V]`` of ``Q`` new tokens per request (appended to ``state``'s cache)."""
+        ids = input_ids.clamp(0, self.vocab_size - 1)
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=state.cache, use_cache=True)
+        state.appended(ids.shape[1])
+        return out.logits.float()

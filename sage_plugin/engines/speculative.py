@@ -1,0 +1,292 @@
+"""Reference speculative-decoding engine on HF transformers (CPU or CUDA), batched and ragged.
+
+One round per batch (SAGE Algorithm 1 with the online topology of SAGE_SPEC §2 point 8):
+
+1. **Draft catch-up**: feed each request's pending tokens (accepted tokens the draft has not
+   seen, then the root) in one ragged forward; the last row gives the root distribution.
+2. **Tree expansion**: ``policy.plan`` picks per-request depth/width; then one batched draft
+   forward per level over the frontier nodes, each attending to its committed prefix and its
+   tree ancestors (their KV rows written by earlier levels of this round).
+3. **Verification**: one target forward over ``[root, drafts...]`` at positions ``prefix + depth``
+   under the ancestor mask, then greedy or lossless-sampling verification.
+4. **Commit**: the accepted path's target KV rows are committed in place; the draft's rows of
+   accepted nodes that it already processed are committed too, the rest become pending.
+   ``policy.observe`` updates alpha (lag-1) and the history controller.
+
+Plain decoding (``policy=None``) runs through the same KV machinery, one token per forward.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core.expand import Frontier, new_pool
+from ..core.policies import TreePolicy
+from ..core.tree import ancestor_mask
+from ..core.verify import VerifyResult, process_logits, sample_tokens, sample_verify
+from .adapters import GenRequest, ModelAdapter
+from .kv import SeqState
+
+__all__ = ["SamplingParams", "GenOutput", "RoundLog", "SpecEngine"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Target sampling: ``temperature == 0`` is greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(slots=True)
+class RoundLog:
+    """Per-request statistics of one round."""
+
+    tau: int  # accepted draft tokens (bonus excluded)
+    nodes: int  # draft nodes in the tree (root excluded)
+    depth_built: int  # deepest level in the tree
+    alpha: float  # confidence used for the shape
+    root_alpha: float  # confidence of this round's root distribution
+    plan_depth: int
+    plan_width: int
+    draft_forwards: int  # catch-up + expansion forwards of this batch round
+
+
+@dataclass(slots=True)
+class GenOutput:
+    request_id: str
+    tokens: list[int]  # generated tokens (first one from the prefill), stop token included
+    finish_reason: str  # "stop" | "length"
+    rounds: list[RoundLog] = field(default_factory=list)
+    target_forwards: int = 0
+
+
+class SpecEngine:
+    """Speculative decoding with a separate draft model, or plain decoding.
+
+    Args:
+        target: target model adapter.
+        draft: draft model adapter (same tokenizer); None for plain decoding only.
+    """
+
+    def __init__(self, target: ModelAdapter, draft: ModelAdapter | None = None) -> None:
+        self.target = target
+        self.draft = draft
+        self.device = target.device
+        self.last_prefill_s = 0.0
+        self.last_decode_s = 0.0
+
+    # ------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, requests: list[GenRequest], params: SamplingParams, policy: TreePolicy | None = None) -> list[GenOutput]:
+        """Generate for a batch; timings of the call are in ``last_prefill_s`` / ``last_decode_s``."""
+        if policy is not None and self.draft is None:
+            raise ValueError("speculative decoding needs a draft model")
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(params.seed if params.seed is not None else 0)
+        t0 = time.perf_counter()
+        prefills = [self.target.prefill(r) for r in requests]
+        tstate = SeqState.from_prefills(prefills)
+        outputs = [GenOutput(r.request_id, [], "length") for r in requests]
+        roots = self._choose(torch.stack([p.last_logits for p in prefills])[:, None], params, gen)[:, 0]
+        dstate = SeqState.from_prefills([self.draft.prefill(r) for r in requests]) if policy is not None else None
+        self._sync()
+        t1 = time.perf_counter()
+        active = self._emit(outputs, list(range(len(requests))), roots[:, None], torch.ones_like(roots), params)
+        rows = _rows(active, self.device)
+        tstate.select(rows)
+        roots = roots[rows]
+        ids = [i for i, a in enumerate(active) if a]
+        if policy is None:
+            self._decode_plain(tstate, roots, ids, outputs, params, gen)
+        else:
+            dstate.select(rows)
+            self._decode_spec(policy, tstate, dstate, roots, ids, outputs, params, gen)
+        self._sync()
+        t2 = time.perf_counter()
+        self.last_prefill_s, self.last_decode_s = t1 - t0, t2 - t1
+        return outputs
+
+    # ------------------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _choose(self, logits: torch.Tensor, params: SamplingParams, gen) -> torch.Tensor:
+        """Token after each row of ``logits [B, Q, V]`` (greedy or sampled)."""
+        if params.temperature <= 0:
+            return logits.argmax(-1)
+        bsz = logits.shape[0]
+        probs = process_logits(
+            logits,
+            torch.full((bsz,), params.temperature, device=logits.device),
+            torch.full((bsz,), params.top_k, dtype=torch.int64, device=logits.device),
+            torch.full((bsz,), params.top_p, device=logits.device),
+        )
+        return sample_tokens(probs, gen)
+
+    def _emit(self, outputs, ids, new_tokens: torch.Tensor, counts: torch.Tensor, params: SamplingParams) -> list[bool]:
+        """Append ``counts[b]`` tokens of ``new_tokens[b]`` to each request; apply stop/length.
+
+        Returns, per row, whether the request is still active.
+        """
+        still = []
+        for row, (rid, toks, n) in enumerate(zip(ids, new_tokens.tolist(), counts.tolist())):
+            out = outputs[rid]
+            for tok in toks[:n]:
+                out.tokens.append(tok)
+                if tok in params.stop_token_ids:
+                    out.finish_reason = "stop"
+                    break
+                if len(out.tokens) >= params.max_new_tokens:
+                    out.finish_reason = "length"
+                    break
+            still.append(out.finish_reason != "stop" and len(out.tokens) < params.max_new_tokens)
+        return still
+
+    # ------------------------------------------------------------------------------------------
+    def _decode_plain(self, tstate: SeqState, roots, ids, outputs, params, gen) -> None:
+        while ids:
+            bsz = len(ids)
+            one = torch.ones(bsz, 1, 1, dtype=torch.bool, device=self.device)
+            qv = torch.ones(bsz, 1, dtype=torch.bool, device=self.device)
+            s0 = tstate.num_slots
+            logits = self.target.forward(tstate, roots[:, None], tstate.next_pos[:, None], tstate.attention_mask(one, qv))
+            tstate.commit(torch.full((bsz, 1), s0, dtype=torch.int64, device=self.device))
+            tstate.next_pos += 1
+            for rid in ids:
+                outputs[rid].target_forwards += 1
+            nxt = self._choose(logits, params, gen)[:, 0]
+            active = self._emit(outputs, ids, nxt[:, None], torch.ones_like(nxt), params)
+            roots = nxt
+            if not all(active):
+                rows = _rows(active, self.device)
+                tstate.select(rows)
+                roots, ids = roots[rows], [rid for rid, a in zip(ids, active) if a]
+            tstate.compact()
+
+    # ------------------------------------------------------------------------------------------
+    def _decode_spec(self, policy: TreePolicy, tstate, dstate, roots, ids, outputs, params, gen) -> None:
+        dev = self.device
+        bsz = len(ids)
+        pstate = policy.init_state(bsz, dev)
+        pending = roots[:, None].clone()  # [B, Lp] tokens the draft has not processed (root last)
+        pend_len = torch.ones(bsz, dtype=torch.int64, device=dev)
+        temperature = torch.full((bsz,), float(params.temperature), device=dev)
+        while ids:
+            bsz = len(ids)
+            # 1. draft catch-up ---------------------------------------------------------------
+            q = int(pend_len.max())
+            ar = torch.arange(q, device=dev)
+            qv = ar[None] < pend_len[:, None]
+            s0 = dstate.num_slots
+            causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril().expand(bsz, q, q)
+            logits = self.draft.forward(dstate, pending[:, :q], dstate.next_pos[:, None] + ar, dstate.attention_mask(causal, qv))
+            dstate.commit(torch.where(qv, s0 + ar, -1))
+            dstate.next_pos += pend_len
+            root_logprobs = torch.log_softmax(logits.gather(1, (pend_len - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))[:, 0], -1)
+            root_slot = s0 + pend_len - 1
+            # 2. tree expansion --------------------------------------------------------------
+            plan = policy.plan(pstate, root_logprobs)
+            pool, frontier = new_pool(roots, root_logprobs, policy.pool_capacity, policy.k)
+            slot_of = torch.full((bsz, policy.pool_capacity + 1), -1, dtype=torch.int64, device=dev)
+            slot_of[:, 0] = root_slot
+            logprobs = root_logprobs[:, None]
+            forwards = 1
+            for level in range(1, policy.max_depth + 1):
+                frontier = policy.step(plan, pool, frontier, logprobs, level)
+                if level == policy.max_depth:
+                    break
+                width = int((frontier.idx >= 0).sum(1).max())
+                if width == 0:
+                    break
+                frontier = Frontier(frontier.idx[:, :width])  # drop all-padding columns
+                fidx, fvalid = frontier.idx, frontier.valid
+                extra = self._ancestor_slots(pool, slot_of, fidx, level, dstate.num_slots)
+                s1 = dstate.num_slots
+                eye = torch.eye(width, dtype=torch.bool, device=dev).expand(bsz, width, width)
+                logits = self.draft.forward(
+                    dstate,
+                    pool.tokens.gather(1, fidx.clamp(min=0)),
+                    (dstate.next_pos - 1 + level)[:, None].expand(-1, width),
+                    dstate.attention_mask(eye, fvalid, extra),
+                )
+                slot_of.scatter_(1, torch.where(fvalid, fidx, policy.pool_capacity), torch.where(fvalid, s1 + torch.arange(width, device=dev), -1))
+                logprobs = torch.log_softmax(logits, -1)
+                forwards += 1
+            tree = policy.finalize(plan, pool)
+            n = int(tree.num_nodes.max())
+            # 3. target verification ---------------------------------------------------------
+            tokens, parents, depths = tree.tokens[:, :n], tree.parents[:, :n], tree.depths[:, :n]
+            valid = tree.valid()[:, :n]
+            t0 = tstate.num_slots
+            mask = tstate.attention_mask(ancestor_mask(parents, tree.max_depth), valid)
+            tlogits = self.target.forward(tstate, tokens, tstate.next_pos[:, None] + depths.clamp(min=0), mask)
+            trimmed = tree.narrow(n)
+            top_k = torch.full((bsz,), params.top_k, dtype=torch.int64, device=dev)
+            top_p = torch.full((bsz,), params.top_p, device=dev)
+            res: VerifyResult = sample_verify(trimmed, tlogits, temperature, top_k, top_p, gen)
+            # 4. commit -----------------------------------------------------------------------
+            acc = res.accepted_nodes  # [B, D+1] root-first
+            tstate.commit(torch.where(acc >= 0, t0 + acc, -1))
+            tstate.next_pos += res.num_accepted + 1
+            dslot = slot_of.gather(1, trimmed.source.gather(1, acc.clamp(min=0)))
+            dslot = torch.where(acc >= 0, dslot, -1)
+            fed = (dslot >= 0) & (torch.arange(acc.shape[1], device=dev)[None] >= 1)
+            dstate.commit(torch.where(fed, dslot, -1))
+            n_fed = fed.sum(1)
+            dstate.next_pos += n_fed
+            # pending = accepted draft tokens the draft has not processed, then the bonus
+            d1 = acc.shape[1]
+            emitted = res.emitted  # [B, D+1]: accepted drafts then bonus, -1 pad
+            src = (n_fed[:, None] + torch.arange(d1, device=dev)[None]).clamp(max=d1 - 1)
+            pend_len = res.num_accepted - n_fed + 1
+            pending = torch.where(torch.arange(d1, device=dev)[None] < pend_len[:, None], emitted.gather(1, src), -1)
+            pstate = policy.observe(pstate, plan, trimmed, acc, res.num_accepted)
+            self._log_round(outputs, ids, plan, trimmed, res, forwards)
+            active = self._emit(outputs, ids, emitted, res.num_accepted + 1, params)
+            roots = res.bonus
+            if not all(active):
+                rows = _rows(active, dev)
+                tstate.select(rows)
+                dstate.select(rows)
+                pstate = pstate.index(rows)
+                roots, pending, pend_len, temperature = roots[rows], pending[rows], pend_len[rows], temperature[rows]
+                ids = [rid for rid, a in zip(ids, active) if a]
+            tstate.compact()
+            dstate.compact()
+
+    @staticmethod
+    def _ancestor_slots(pool, slot_of: torch.Tensor, fidx: torch.Tensor, level: int, num_slots: int) -> torch.Tensor:
+        """``[B, F, S]`` bool: draft KV slots of each frontier node's strict ancestors (root included)."""
+        bsz, width = fidx.shape
+        extra = torch.zeros(bsz, width, num_slots + 1, dtype=torch.bool, device=fidx.device)
+        node = pool.parents.gather(1, fidx.clamp(min=0))
+        for _ in range(level):
+            slot = torch.where(node >= 0, slot_of.gather(1, node.clamp(min=0)), num_slots)
+            slot = torch.where(slot >= 0, slot, num_slots)
+            extra.scatter_(2, slot[..., None], True)
+            node = torch.where(node >= 0, pool.parents.gather(1, node.clamp(min=0)), -1)
+        return extra[..., :num_slots]
+
+    @staticmethod
+    def _log_round(outputs, ids, plan, tree, res: VerifyResult, forwards: int) -> None:
+        cols = [
+            res.num_accepted.tolist(), (tree.num_nodes - 1).tolist(), tree.depths.max(1).values.tolist(),
+            plan.alpha.tolist(), plan.root_alpha.tolist(), plan.depth.tolist(), plan.width.tolist(),
+        ]
+        for rid, (tau, nodes, dep, a, ra, pd, pw) in zip(ids, zip(*cols)):
+            outputs[rid].rounds.append(RoundLog(tau, nodes, dep, a, ra, pd, pw, forwards))
+            outputs[rid].target_forwards += 1
+
+
+def _rows(active: list[bool], device) -> torch.Tensor:
+    """Indices of the rows still active."""
+    return torch.tensor([i for i, a in enumerate(active) if a], dtype=torch.int64, device=device)
