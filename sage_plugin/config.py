@@ -60,9 +60,9 @@ class ConfigError(ValueError):
     """A configuration value is out of its allowed range (the message names the field)."""
 
 
-def _int_in(name: str, value: Any, lo: int, hi: int) -> None:
+def _int_in(name: str, value: Any, lo: int, hi: int, why: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ConfigError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+        raise ConfigError(f"{name} must be an integer in [{lo}, {hi}]{why}, got {value!r}")
 
 
 def _float_in(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False) -> None:
@@ -132,10 +132,10 @@ class SageConfig:
         _choice("policy", self.policy, POLICIES)
         _int_in("k", self.k, 2, 64)
         _int_in("d_min", self.d_min, 1, 64)
-        _int_in("d_max", self.d_max, self.d_min, 64)
-        _int_in("d_cap", self.d_cap, self.d_max, 64)
-        _int_in("w_min", self.w_min, 1, self.k)
-        _int_in("w_max", self.w_max, self.w_min, self.k)
+        _int_in("d_max", self.d_max, self.d_min, 64, " (d_min <= d_max)")
+        _int_in("d_cap", self.d_cap, self.d_max, 64, " (d_max <= d_cap: raise d_cap together with d_max)")
+        _int_in("w_min", self.w_min, 1, self.k, " (w_min <= k)")
+        _int_in("w_max", self.w_max, self.w_min, self.k, " (w_min <= w_max <= k)")
         _int_in("n_max", self.n_max, 1, 1024)
         _float_in("theta0", self.theta0, 0.0, 1.0)
         _float_in("alpha_init", self.alpha_init, 0.0, 1.0)
@@ -160,7 +160,9 @@ class SageConfig:
         _int_in("eagle_depth", self.eagle_depth, 1, 64)
         _int_in("eagle_total_tokens", self.eagle_total_tokens, 1, 1024)
         _int_in("chain_depth", self.chain_depth, 1, 64)
-        _validate_tree_choices("static_tree", self.static_tree, self.k)
+        # the static tree's ranks must fit k only where it is used (static, SAGE's first round)
+        uses_static = self.policy == "static" or (self.policy == "sage" and self.first_round_static)
+        _validate_tree_choices("static_tree", self.static_tree, self.k if uses_static else 64)
         _float_in("prune_ratio_image", self.prune_ratio_image, 0.0, 1.0)
         _float_in("prune_ratio_video", self.prune_ratio_video, 0.0, 1.0)
         if self.prune_ratio_image >= 1.0 or self.prune_ratio_video >= 1.0:

@@ -45,6 +45,8 @@ class DraftPool:
         ranks: int64 rank among the parent's candidates (root -1).
         codes: int64 rank-path code (:func:`~sage_plugin.core.tree.path_code`; root 0).
         conf: float32 confidence alpha of the node's own draft distribution, NaN if never computed.
+        topk_logp: ``[B, P+1, K]`` float32 top-k log-probabilities of the node's own draft
+            distribution (-inf if never computed); the "planned" topology replays them.
         count: ``[B]`` int64 nodes in the pool (root included).
     """
 
@@ -58,6 +60,7 @@ class DraftPool:
     ranks: torch.Tensor
     codes: torch.Tensor
     conf: torch.Tensor
+    topk_logp: torch.Tensor
     count: torch.Tensor
 
     @property
@@ -125,6 +128,7 @@ def new_pool(root_tokens: torch.Tensor, root_logprobs: torch.Tensor, capacity: i
         ranks=full(-1, torch.int64),
         codes=full(-1, torch.int64),
         conf=full(float("nan"), torch.float32),
+        topk_logp=torch.full((bsz, capacity + 1, k), NEG_INF, dtype=torch.float32, device=dev),
         count=torch.ones(bsz, dtype=torch.int64, device=dev),
     )
     pool.tokens[:, 0] = root_tokens
@@ -133,6 +137,7 @@ def new_pool(root_tokens: torch.Tensor, root_logprobs: torch.Tensor, capacity: i
         getattr(pool, name)[:, 0] = 0.0
     pool.codes[:, 0] = 0
     pool.conf[:, 0] = topk_confidence(root_logprobs, k)
+    pool.topk_logp[:, 0] = torch.topk(root_logprobs.float(), k, dim=-1).values
     return pool, Frontier(torch.zeros(bsz, 1, dtype=torch.int64, device=dev))
 
 
@@ -151,7 +156,9 @@ def propose(pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, k: int,
     top = torch.topk(logprobs.float(), k, dim=-1)  # [B, F, K], sorted by probability
     logp_topk = torch.log_softmax(top.values, dim=-1)
     conf = topk_confidence(top.values, k)  # top-k of the top-k is itself
-    pool.conf.scatter_(1, torch.where(fvalid, fidx, pool.capacity), conf)
+    rows = torch.where(fvalid, fidx, pool.capacity)
+    pool.conf.scatter_(1, rows, conf)
+    pool.topk_logp.scatter_(1, rows[..., None].expand(-1, -1, k), top.values)
 
     def par(col: torch.Tensor) -> torch.Tensor:
         return col.gather(1, fidx)[..., None].expand(-1, -1, k)

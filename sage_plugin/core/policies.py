@@ -40,7 +40,7 @@ import torch
 from ..config import SageConfig
 from .controller import HistoryState, history_init, history_update
 from .entropy import topk_confidence
-from .expand import NEG_INF, Candidates, DraftPool, Frontier, append, budget_top_n, finalize, propose
+from .expand import NEG_INF, Candidates, DraftPool, Frontier, append, budget_top_n, finalize, new_pool, propose
 from .tree import DraftTree, codes_of_choices, tree_from_choices
 
 __all__ = [
@@ -63,14 +63,17 @@ class PolicyState:
         alpha: float32 confidence to use in the next round (lag-1 / path-mean sources).
         first_round: bool, the request has not finished a round yet.
         history: the adaptive-history controller state.
+        planned: ``[B, C]`` int64 rank-path codes of the tree planned for the next round
+            ("planned" topology, SAGE_SPEC §2 point 8), -1 padding; unused otherwise.
     """
 
     alpha: torch.Tensor
     first_round: torch.Tensor
     history: HistoryState
+    planned: torch.Tensor
 
     def index(self, idx: torch.Tensor) -> "PolicyState":
-        return PolicyState(self.alpha[idx], self.first_round[idx], self.history.index(idx))
+        return PolicyState(self.alpha[idx], self.first_round[idx], self.history.index(idx), self.planned[idx])
 
     @staticmethod
     def cat(states: list["PolicyState"]) -> "PolicyState":
@@ -78,6 +81,7 @@ class PolicyState:
             torch.cat([s.alpha for s in states]),
             torch.cat([s.first_round for s in states]),
             HistoryState.cat([s.history for s in states]),
+            torch.cat([s.planned for s in states]),
         )
 
 
@@ -91,6 +95,7 @@ class RoundPlan:
         alpha: float32 confidence used to pick D and W.
         root_alpha: float32 confidence of this round's root distribution.
         first_round: bool, use the static initial tree.
+        planned: ``[B, C]`` int64 planned rank-path codes (see :class:`PolicyState`), or None.
     """
 
     depth: torch.Tensor
@@ -98,6 +103,7 @@ class RoundPlan:
     alpha: torch.Tensor
     root_alpha: torch.Tensor
     first_round: torch.Tensor
+    planned: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -119,7 +125,10 @@ class TreePolicy(Protocol):
 
     def finalize(self, plan: RoundPlan, pool: DraftPool) -> DraftTree: ...
 
-    def observe(self, state: PolicyState, plan: RoundPlan, tree: DraftTree, accepted_nodes: torch.Tensor, num_accepted: torch.Tensor) -> PolicyState: ...
+    def observe(
+        self, state: PolicyState, plan: RoundPlan, tree: DraftTree, accepted_nodes: torch.Tensor,
+        num_accepted: torch.Tensor, pool: DraftPool | None = None,
+    ) -> PolicyState: ...
 
 
 def round_mode(x: torch.Tensor, mode: str) -> torch.Tensor:
@@ -149,6 +158,7 @@ class _Base:
             alpha=torch.full((batch,), self.cfg.alpha_init, dtype=torch.float32, device=device),
             first_round=torch.ones(batch, dtype=torch.bool, device=device),
             history=history_init(batch, self.cfg.history_window, self.cfg.d_max, device),
+            planned=torch.full((batch, 1), -1, dtype=torch.int64, device=device),
         )
 
     def plan(self, state: PolicyState, root_logprobs: torch.Tensor) -> RoundPlan:
@@ -156,8 +166,8 @@ class _Base:
         depth = torch.full_like(state.history.d_max, self.max_depth)
         return RoundPlan(depth, torch.full_like(depth, self.k), state.alpha, root_alpha, state.first_round)
 
-    def observe(self, state, plan, tree, accepted_nodes, num_accepted) -> PolicyState:
-        return PolicyState(plan.root_alpha, torch.zeros_like(state.first_round), state.history)
+    def observe(self, state, plan, tree, accepted_nodes, num_accepted, pool=None) -> PolicyState:
+        return PolicyState(plan.root_alpha, torch.zeros_like(state.first_round), state.history, state.planned)
 
     def finalize(self, plan: RoundPlan, pool: DraftPool) -> DraftTree:
         selected = torch.arange(pool.capacity + 1, device=pool.count.device) < pool.count[:, None]
@@ -253,6 +263,19 @@ class SagePolicy(_Base):
         self.tree_capacity = self.pool_capacity = cfg.max_tree_nodes + 1
         self.frontier_capacity = cfg.max_tree_nodes
 
+    def init_state(self, batch: int, device: torch.device | str = "cpu") -> PolicyState:
+        state = super().init_state(batch, device)
+        planned = torch.full((batch, self.tree_capacity), -1, dtype=torch.int64, device=device)
+        return PolicyState(state.alpha, state.first_round, state.history, planned)
+
+    def shape(self, alpha: torch.Tensor, history: HistoryState) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eq. 10-11: depth ``D`` and width ``W`` per request from confidence and current D_max."""
+        cfg = self.cfg
+        d_max = history.d_max if cfg.use_history else torch.full_like(history.d_max, cfg.d_max)
+        depth = round_mode(cfg.d_min + alpha * (d_max - cfg.d_min).float(), cfg.rounding).clamp(min=1)
+        width = round_mode(cfg.w_min + (1.0 - alpha) * (cfg.w_max - cfg.w_min), cfg.rounding).clamp(1, self.k)
+        return depth, width
+
     def plan(self, state: PolicyState, root_logprobs: torch.Tensor) -> RoundPlan:
         cfg = self.cfg
         root_alpha = topk_confidence(root_logprobs, self.k)
@@ -262,13 +285,14 @@ class SagePolicy(_Base):
             alpha = root_alpha
         else:
             alpha = state.alpha
-        d_max = state.history.d_max if cfg.use_history else torch.full_like(state.history.d_max, cfg.d_max)
-        depth = round_mode(cfg.d_min + alpha * (d_max - cfg.d_min).float(), cfg.rounding).clamp(min=1)
-        width = round_mode(cfg.w_min + (1.0 - alpha) * (cfg.w_max - cfg.w_min), cfg.rounding).clamp(1, self.k)
+        depth, width = self.shape(alpha, state.history)
         first = state.first_round & (self.static is not None)
         if self.static is not None:
             depth = torch.where(first, self.static.max_depth, depth)
-        return RoundPlan(depth, width, alpha, root_alpha, first)
+        planned = state.planned if cfg.topology == "planned" else None
+        if planned is not None:  # the planned tree's own depth
+            depth = torch.where(first, depth, _code_depth(planned, self.k).max(1).values.clamp(min=1))
+        return RoundPlan(depth, width, alpha, root_alpha, first, planned)
 
     def select(self, plan: RoundPlan, pool: DraftPool, c: Candidates) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(keep, expand, insertion order)`` for one level's candidates (Eq. 10-12 + §2)."""
@@ -304,7 +328,13 @@ class SagePolicy(_Base):
 
     def step(self, plan, pool, frontier, logprobs, level) -> Frontier:
         c = propose(pool, frontier, logprobs, self.k, level)
-        keep, expand, order = self.select(plan, pool, c)
+        if plan.planned is not None:  # replay the tree planned at the end of the last round
+            planned = plan.planned[:, None, None, :]
+            parents = torch.where(plan.planned > 0, (plan.planned - 1) // (self.k + 1), -1)[:, None, None, :]
+            keep = c.valid & (c.codes[..., None] == planned).any(-1)
+            expand, order = keep & (c.codes[..., None] == parents).any(-1), c.joint
+        else:
+            keep, expand, order = self.select(plan, pool, c)
         if self.static is not None:
             s_keep, s_expand = self.static.select(c)
             first = plan.first_round[:, None, None]
@@ -312,7 +342,7 @@ class SagePolicy(_Base):
             order = torch.where(first, c.joint, order)
         return append(pool, c, keep, expand, order, self.frontier_capacity)
 
-    def observe(self, state, plan, tree, accepted_nodes, num_accepted) -> PolicyState:
+    def observe(self, state, plan, tree, accepted_nodes, num_accepted, pool=None) -> PolicyState:
         cfg = self.cfg
         if cfg.alpha_source == "path_mean":
             conf = tree.node_conf.gather(1, accepted_nodes.clamp(min=0))
@@ -328,7 +358,50 @@ class SagePolicy(_Base):
                 history, tau, lo=cfg.history_lo, hi=cfg.history_hi, step=cfg.history_step,
                 d_min=cfg.d_min, d_cap=cfg.d_cap, full_window_cooldown=cfg.history_cooldown == "full_window",
             )
-        return PolicyState(alpha, torch.zeros_like(state.first_round), history)
+        planned = state.planned
+        if cfg.topology == "planned":
+            if pool is None:
+                raise ValueError("the planned topology needs the round's pool in observe()")
+            planned = self._plan_next(alpha, history, pool)
+        return PolicyState(alpha, torch.zeros_like(state.first_round), history, planned)
+
+    def _plan_next(self, alpha: torch.Tensor, history: HistoryState, pool: DraftPool) -> torch.Tensor:
+        """Literal Alg. 1 line 18: plan next round's rank-path tree from this round's draft outputs.
+
+        Runs the same level-by-level SAGE selection over a virtual tree whose node distributions
+        are this round's top-k draft distributions at the same rank path, or the root's where the
+        path was not expanded this round.  Returns ``[B, C]`` planned codes (-1 padding).
+        """
+        bsz = alpha.shape[0]
+        depth, width = self.shape(alpha, history)
+        plan = RoundPlan(depth, width, alpha, alpha, torch.zeros_like(alpha, dtype=torch.bool))
+        root = pool.topk_logp[:, 0]  # [B, K] sorted: as a k-token "vocabulary", token id = rank
+        expanded = ~torch.isnan(pool.conf)
+        vpool, front = new_pool(torch.zeros(bsz, dtype=torch.int64, device=alpha.device), root, self.pool_capacity, self.k)
+        logprobs = root[:, None]
+        for level in range(1, self.cfg.d_cap + 1):
+            cand = propose(vpool, front, logprobs, self.k, level)
+            keep, expand, order = self.select(plan, vpool, cand)
+            front = append(vpool, cand, keep, expand, order, self.frontier_capacity)
+            codes = vpool.codes.gather(1, front.idx.clamp(min=0))  # [B, F]
+            same = (codes[..., None] == pool.codes[:, None, :]) & expanded[:, None, :]
+            found = same.any(-1)
+            src = same.float().argmax(-1)
+            replay = pool.topk_logp.gather(1, src[..., None].expand(-1, -1, self.k))
+            logprobs = torch.where(found[..., None], replay, root[:, None, :])
+        filled = torch.arange(self.pool_capacity + 1, device=alpha.device) < vpool.count[:, None]
+        return torch.where(filled, vpool.codes, -1)[:, : self.tree_capacity]
+
+
+def _code_depth(codes: torch.Tensor, k: int) -> torch.Tensor:
+    """Depth of rank-path codes (0 for the root, -1 for padding), by repeated parent steps."""
+    depth = torch.zeros_like(codes)
+    cur = codes.clone()
+    for _ in range(64):
+        live = cur > 0
+        depth = depth + live.long()
+        cur = torch.where(live, (cur - 1) // (k + 1), cur)
+    return torch.where(codes < 0, -1, depth)
 
 
 def build_policy(cfg: SageConfig) -> TreePolicy:

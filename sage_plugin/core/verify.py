@@ -134,7 +134,9 @@ def process_logits(
     if top_p is not None:
         sorted_p, order = torch.sort(probs, dim=-1, descending=True)
         before = torch.cumsum(sorted_p, -1) - sorted_p  # mass strictly above each token
-        drop_sorted = before >= top_p[:, None, None]  # keep the smallest prefix reaching top_p
+        # keep the smallest prefix reaching top_p; top_p >= 1 keeps everything (the float32
+        # cumulative sum reaches 1.0 before the vocabulary's tail, so it must not be compared)
+        drop_sorted = (before >= top_p[:, None, None]) & (top_p < 1.0)[:, None, None]
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)

@@ -26,7 +26,7 @@ import torch
 from ..core.expand import Frontier, new_pool
 from ..core.policies import TreePolicy
 from ..core.tree import ancestor_mask
-from ..core.verify import VerifyResult, process_logits, sample_tokens, sample_verify
+from ..core.verify import VerifyResult, greedy_verify, process_logits, sample_tokens, sample_verify
 from .adapters import GenRequest, ModelAdapter
 from .kv import SeqState
 
@@ -124,13 +124,15 @@ class SpecEngine:
         if params.temperature <= 0:
             return logits.argmax(-1)
         bsz = logits.shape[0]
-        probs = process_logits(
-            logits,
-            torch.full((bsz,), params.temperature, device=logits.device),
-            torch.full((bsz,), params.top_k, dtype=torch.int64, device=logits.device),
-            torch.full((bsz,), params.top_p, device=logits.device),
-        )
+        top_k, top_p = self._filters(params, bsz)
+        probs = process_logits(logits, torch.full((bsz,), params.temperature, device=logits.device), top_k, top_p)
         return sample_tokens(probs, gen)
+
+    def _filters(self, params: SamplingParams, bsz: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Per-request top-k / top-p tensors, or None where the filter is disabled (skips a vocab sort)."""
+        top_k = torch.full((bsz,), params.top_k, dtype=torch.int64, device=self.device) if params.top_k > 0 else None
+        top_p = torch.full((bsz,), params.top_p, device=self.device) if params.top_p < 1.0 else None
+        return top_k, top_p
 
     def _emit(self, outputs, ids, new_tokens: torch.Tensor, counts: torch.Tensor, params: SamplingParams) -> list[bool]:
         """Append ``counts[b]`` tokens of ``new_tokens[b]`` to each request; apply stop/length.
@@ -230,9 +232,11 @@ class SpecEngine:
             mask = tstate.attention_mask(ancestor_mask(parents, tree.max_depth), valid)
             tlogits = self.target.forward(tstate, tokens, tstate.next_pos[:, None] + depths.clamp(min=0), mask)
             trimmed = tree.narrow(n)
-            top_k = torch.full((bsz,), params.top_k, dtype=torch.int64, device=dev)
-            top_p = torch.full((bsz,), params.top_p, device=dev)
-            res: VerifyResult = sample_verify(trimmed, tlogits, temperature, top_k, top_p, gen)
+            if params.temperature <= 0:
+                res: VerifyResult = greedy_verify(trimmed, tlogits)
+            else:
+                top_k, top_p = self._filters(params, bsz)
+                res = sample_verify(trimmed, tlogits, temperature, top_k, top_p, gen)
             # 4. commit -----------------------------------------------------------------------
             acc = res.accepted_nodes  # [B, D+1] root-first
             tstate.commit(torch.where(acc >= 0, t0 + acc, -1))
@@ -249,7 +253,7 @@ class SpecEngine:
             src = (n_fed[:, None] + torch.arange(d1, device=dev)[None]).clamp(max=d1 - 1)
             pend_len = res.num_accepted - n_fed + 1
             pending = torch.where(torch.arange(d1, device=dev)[None] < pend_len[:, None], emitted.gather(1, src), -1)
-            pstate = policy.observe(pstate, plan, trimmed, acc, res.num_accepted)
+            pstate = policy.observe(pstate, plan, trimmed, acc, res.num_accepted, pool)
             self._log_round(outputs, ids, plan, trimmed, res, forwards)
             active = self._emit(outputs, ids, emitted, res.num_accepted + 1, params)
             roots = res.bonus

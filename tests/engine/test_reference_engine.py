@@ -1,0 +1,129 @@
+"""Reference engine: losslessness against plain decoding, batching, stops, sampling.
+
+Tiny random Llamas cover the policy x batch x stop matrix quickly; the draft is a noisy copy of
+the target so acceptance is partial (some rounds accept deep paths, some reject at the root).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from sage_plugin.config import SageConfig
+from sage_plugin.core.policies import build_policy
+from sage_plugin.engines.adapters import GenRequest, TextAdapter
+from sage_plugin.engines.speculative import SamplingParams, SpecEngine
+
+POLICIES = ("sage", "eagle2", "static", "chain")
+VOCAB = 128
+
+
+def _tiny(seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      attn_implementation="sdpa")
+    return LlamaForCausalLM(cfg).eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def engine() -> SpecEngine:
+    target = _tiny(0)
+    # Sharpen the output so greedy text is not a flat random walk, then perturb a copy as draft.
+    with torch.no_grad():
+        target.lm_head.weight.mul_(6.0)
+    draft = copy.deepcopy(target)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05 * p.abs().mean())
+    return SpecEngine(TextAdapter(target), TextAdapter(draft))
+
+
+def _requests(n: int) -> list[GenRequest]:
+    gen = torch.Generator().manual_seed(7)
+    return [GenRequest(torch.randint(0, VOCAB, (int(5 + 3 * i),), generator=gen).tolist(), request_id=str(i)) for i in range(n)]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_equals_plain_decoding(engine, policy, batch):
+    reqs = _requests(3)
+    sp = SamplingParams(max_new_tokens=40)
+    ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
+    got = []
+    for i in range(0, len(reqs), batch):
+        got += engine.generate(reqs[i : i + batch], sp, build_policy(SageConfig(policy=policy)))
+    for out in got:
+        assert out.tokens == ref[out.request_id]
+        assert len(out.tokens) == 40 and out.finish_reason == "length"
+    taus = [r.tau for o in got for r in o.rounds]
+    assert max(taus) >= 2, "the noisy-copy draft should get multi-token accepts"
+    # decode tokens = 1 (prefill) + sum over rounds of (tau + 1), truncated at max_new_tokens
+    for o in got:
+        assert 1 + sum(r.tau + 1 for r in o.rounds) >= len(o.tokens)
+
+
+@pytest.mark.parametrize("policy", ("sage", "eagle2"))
+def test_stop_token_inside_accepted_block(engine, policy):
+    reqs = _requests(3)
+    free = engine.generate(reqs, SamplingParams(max_new_tokens=30), None)
+    # the stop token: the token whose first occurrence in request 0's plain output is latest
+    toks = free[0].tokens
+    first = {t: toks.index(t) for t in set(toks)}
+    stop = max(first, key=first.get)
+    assert first[stop] >= 3, f"degenerate tiny-model output {toks}"
+
+    sp = SamplingParams(max_new_tokens=30, stop_token_ids=(stop,))
+    ref = engine.generate(reqs, sp, None)
+    got = engine.generate(reqs, sp, build_policy(SageConfig(policy=policy)))
+    assert [o.tokens for o in got] == [o.tokens for o in ref]
+    assert got[0].finish_reason == "stop" and got[0].tokens[-1] == stop
+    assert stop not in got[0].tokens[:-1]
+
+
+def test_ragged_max_new_tokens_and_batch_drop(engine):
+    """Requests finishing at different rounds leave the batch without disturbing the others."""
+    reqs = _requests(4)
+    for n in (1, 2, 17):
+        sp = SamplingParams(max_new_tokens=n)
+        ref = engine.generate(reqs, sp, None)
+        got = engine.generate(reqs, sp, build_policy(SageConfig()))
+        assert [o.tokens for o in got] == [o.tokens for o in ref]
+        assert all(len(o.tokens) == n for o in got)
+
+
+def test_sampling_is_seeded_and_runs_every_policy(engine):
+    reqs = _requests(2)
+    sp = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=20, seed=3)
+    for policy in POLICIES:
+        a = engine.generate(reqs, sp, build_policy(SageConfig(policy=policy)))
+        b = engine.generate(reqs, sp, build_policy(SageConfig(policy=policy)))
+        assert [o.tokens for o in a] == [o.tokens for o in b]
+        assert all(len(o.tokens) == 20 for o in a)
+        assert all(0 <= t < VOCAB for o in a for t in o.tokens)
+
+
+def test_plain_decoding_matches_hf_generate(engine):
+    model = engine.target.model
+    for req in _requests(3):
+        ours = engine.generate([req], SamplingParams(max_new_tokens=25), None)[0].tokens
+        ids = torch.tensor([req.prompt_ids])
+        hf = model.generate(ids, max_new_tokens=25, do_sample=False, eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:]
+        assert ours == hf.tolist()
+
+
+def test_sage_adapts_shape_and_history(engine):
+    reqs = _requests(2)
+    out = engine.generate(reqs, SamplingParams(max_new_tokens=60), build_policy(SageConfig(history_window=3)))
+    rounds = out[0].rounds
+    assert rounds[0].nodes == 25, "round 1 uses the static mc_sim_7b_63 tree"
+    later = rounds[1:]
+    assert len({(r.plan_depth, r.plan_width) for r in later}) > 1, "depth/width should follow alpha"
+    assert all(r.nodes <= 64 for r in rounds)
+    for r in later:
+        # Eq. 10/11 with D_max in [D_min, D_cap]
+        assert 3 <= r.plan_depth <= 10 and 2 <= r.plan_width <= 10

@@ -1,0 +1,157 @@
+"""SageConfig validation, (de)serialisation and replace()."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import yaml
+
+from sage_plugin.config import MC_SIM_7B_63, ConfigError, SageConfig, from_mapping
+
+# field -> bad values (each alone, all other fields at their defaults)
+BAD_VALUES: dict[str, list] = {
+    "policy": ["medusa", "", None, 1],
+    "k": [1, 65, True, 2.0, "10"],
+    "d_min": [0, 65, -1, 3.5],
+    "d_max": [2, 65, None],  # d_max < d_min (3)
+    "w_min": [0, 11, 1.5],  # w_min > k (10)
+    "w_max": [1, 11],  # w_max < w_min (2), > k
+    "n_max": [0, 1025, 64.0],
+    "theta0": [-0.1, 1.5, math.nan, math.inf, True, "0.1"],
+    "alpha_init": [-0.01, 1.01, math.nan, None],
+    "first_round_static": [1, "yes", None],
+    "use_history": [0, "true"],
+    "history_window": [0, 10_001, 2.5],
+    "history_lo": [-1.0, math.nan, 1e7],
+    "history_hi": [1.0, math.inf],  # history_hi < history_lo (2.0)
+    "history_step": [0, 65],
+    "d_cap": [7, 65],  # d_cap < d_max (8)
+    "history_cooldown": ["half", True],
+    "history_tau": ["tokens", None],
+    "use_entropy": [1, None],
+    "alpha_source": ["lag2", ""],
+    "rounding": ["nearest", "round"],
+    "clamp_level_width": ["no", 0],
+    "parent_prob": ["marginal"],
+    "threshold_on": ["node"],
+    "prob_space": ["softmax"],
+    "budget_order": ["dfs"],
+    "keep_top1": [None, 1],
+    "topology": ["static"],
+    "eagle_depth": [0, 65],
+    "eagle_total_tokens": [0, 1025],
+    "chain_depth": [0, 65],
+    "static_tree": [(), ((0,), (0,)), ((1, 1),), ((10,),), ((),), ((0, -1),), [[0]], ((0.0,),)],
+    "prune_ratio_image": [1.0, -0.1, 1.5, math.nan],
+    "prune_ratio_video": [1.0, -0.5, 2.0],
+}
+
+
+def test_every_field_has_bad_values():
+    assert set(BAD_VALUES) == {f.name for f in dataclasses.fields(SageConfig)}
+
+
+@pytest.mark.parametrize("name,value", [(n, v) for n, vs in BAD_VALUES.items() for v in vs])
+def test_bad_value_raises_config_error_naming_the_field(name, value):
+    with pytest.raises(ConfigError) as err:
+        SageConfig(**{name: value})
+    assert name in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_defaults_are_valid_and_match_the_paper():
+    cfg = SageConfig()
+    assert (cfg.k, cfg.d_min, cfg.d_max, cfg.w_min, cfg.w_max, cfg.n_max) == (10, 3, 8, 2, 10, 64)
+    assert cfg.theta0 == 0.1 and cfg.alpha_init == 0.5
+    assert (cfg.history_window, cfg.history_lo, cfg.history_hi) == (10, 2.0, 3.0)
+    assert cfg.static_tree == MC_SIM_7B_63 and len(MC_SIM_7B_63) == 25
+
+
+def test_boundary_values_are_accepted():
+    SageConfig(k=2, w_min=1, w_max=2, static_tree=((0,), (1,), (0, 0)))
+    SageConfig(d_min=8, d_max=8)
+    SageConfig(theta0=0.0)
+    SageConfig(theta0=1.0, alpha_init=0.0)
+    SageConfig(alpha_init=1)
+    SageConfig(history_lo=3.0, history_hi=3.0)
+    SageConfig(prune_ratio_image=0.0, prune_ratio_video=0.999)
+
+
+def test_frozen():
+    cfg = SageConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.k = 4  # type: ignore[misc]
+
+
+def test_from_mapping_unknown_key():
+    with pytest.raises(ConfigError) as err:
+        from_mapping({"k": 10, "thetta0": 0.2, "zzz": 1})
+    assert "thetta0" in str(err.value) and "zzz" in str(err.value)
+    with pytest.raises(ConfigError):
+        SageConfig.from_mapping({"nope": 1})
+
+
+def test_from_mapping_converts_static_tree_lists():
+    cfg = from_mapping({"static_tree": [[0], [1], [0, 0]], "policy": "static"})
+    assert cfg.static_tree == ((0,), (1,), (0, 0))
+    with pytest.raises(ConfigError) as err:
+        from_mapping({"static_tree": "0,1"})
+    assert "static_tree" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        from_mapping({"static_tree": [0, 1]})
+    assert "static_tree" in str(err.value)
+
+
+@pytest.mark.parametrize("section", [None, "sage"])
+def test_yaml_round_trip(tmp_path, section):
+    cfg = SageConfig(policy="eagle2", k=8, w_max=8, theta0=0.25, rounding="ceil", threshold_on="conditional",
+                     static_tree=((0,), (1,), (0, 0), (0, 0, 7)), prune_ratio_video=0.5)
+    data = cfg.to_dict()
+    assert data["static_tree"] == [[0], [1], [0, 0], [0, 0, 7]]
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump({"sage": data} if section else data))
+    back = SageConfig.from_yaml(path, section=section)
+    assert back == cfg
+    assert SageConfig.from_yaml(path) == cfg  # default section "sage", or the whole file
+
+
+def test_yaml_partial_and_bad(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("sage:\n  n_max: 32\n  alpha_source: fresh\nother: 1\n")
+    cfg = SageConfig.from_yaml(path)
+    assert cfg.n_max == 32 and cfg.alpha_source == "fresh" and cfg.k == 10
+    path.write_text("sage:\n  n_max: 0\n")
+    with pytest.raises(ConfigError, match="n_max"):
+        SageConfig.from_yaml(path)
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError):
+        SageConfig.from_yaml(path)
+    path.write_text("")
+    assert SageConfig.from_yaml(path) == SageConfig()
+
+
+def test_replace():
+    cfg = SageConfig()
+    new = cfg.replace(n_max=16, policy="chain")
+    assert (new.n_max, new.policy) == (16, "chain")
+    assert cfg.n_max == 64 and cfg.policy == "sage"
+    assert dataclasses.replace(new, n_max=64, policy="sage") == cfg
+    assert new.replace(static_tree=[[0], [0, 0]]).static_tree == ((0,), (0, 0))
+    with pytest.raises(ConfigError, match="n_max"):
+        cfg.replace(n_max=-1)
+    with pytest.raises(ConfigError, match="bogus"):
+        cfg.replace(bogus=1)
+
+
+def test_derived_sizes():
+    assert SageConfig().max_tree_depth == 10  # d_cap with history
+    assert SageConfig(use_history=False).max_tree_depth == 8
+    assert SageConfig(use_history=False, d_max=4, d_cap=4, first_round_static=True).max_tree_depth == 5
+    assert SageConfig(use_history=False, d_max=4, d_cap=4, first_round_static=False).max_tree_depth == 4
+    assert SageConfig(n_max=10).max_tree_nodes == 25
+    assert SageConfig(n_max=10, first_round_static=False).max_tree_nodes == 10
+    assert SageConfig(policy="eagle2").max_tree_nodes == 60
+    assert SageConfig(policy="chain", chain_depth=4).max_tree_nodes == 4
+    assert SageConfig(policy="static").max_tree_nodes == 25 and SageConfig(policy="static").max_tree_depth == 5
