@@ -131,12 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
     _bench_parser(sub)
-    try:
-        from .train.draft import add_train_args
-    except ImportError:  # the training module is optional until it ships
-        add_train_args = None
-    if add_train_args is not None:
-        add_train_args(sub.add_parser("train-draft", help="distil a draft model for a target"))
+    from .train.draft import add_train_args
+
+    add_train_args(sub.add_parser("train-draft", help="distil a draft model for a target (resumable; CPU or CUDA)"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -1,0 +1,47 @@
+"""Small helpers shared by the draft-distillation stages: progress bars, atomic saves, device choice."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["progress_bar", "atomic_save", "resolve_device"]
+
+
+def progress_bar(*args, **kwargs):
+    """A tqdm bar (``tqdm.auto``), or a do-nothing stand-in when tqdm is not installed."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a bench dependency
+        class _Null:
+            def __init__(self, *a, **k):
+                pass
+
+            def update(self, *a):
+                pass
+
+            def set_postfix(self, *a, **k):
+                pass
+
+            def close(self):
+                pass
+
+        return _Null()
+    return tqdm(*args, **kwargs)
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """``torch.save`` to ``path.tmp``, then rename over ``path`` (never a partial file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA if available, else CPU; any other name is passed to :class:`torch.device`."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)

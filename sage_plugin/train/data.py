@@ -1,0 +1,323 @@
+"""Training text for draft distillation: corpora, offline chat prompts and the held-out filter.
+
+Three sources feed the label stage (:mod:`sage_plugin.train.labels`):
+
+(a) the CPython stdlib ``.py`` sources of the running interpreter (``sysconfig.get_paths()["stdlib"]``, without
+    ``site-packages``), (b) Debian ``python3.11-doc`` reST/text under ``/usr/share/doc/python3.11`` if installed,
+    and (c) chat prompts built offline (templated general/role-play/math/code requests, GSM8K, and HumanEval-style
+    prompts made from stdlib functions) that the target answers greedily.
+
+MT-Bench and HumanEval are never used for training: they are the held-out evaluation set
+(:func:`sage_plugin.train.evaluate.evaluate_draft`), and any generated prompt equal to one of them is dropped.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import logging
+import random
+import sysconfig
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["HELD_OUT_DATASETS", "PYTHON_DOC_DIR", "stdlib_files", "python_doc_files", "text_documents",
+           "chat_prompts"]
+
+HELD_OUT_DATASETS: tuple[str, ...] = ("mt_bench", "humaneval")
+"""Bundled prompt sets reserved for evaluation: never used to build training data."""
+
+PYTHON_DOC_DIR = Path("/usr/share/doc/python3.11")
+
+_DOC_SKIP = ("changelog", "news", "history", "acks", "test_results", "pybench", "copyright", "readme.maintainers")
+
+
+def stdlib_files(stdlib: str | Path | None = None) -> list[Path]:
+    """The interpreter's stdlib ``.py`` files (``site-packages``/``dist-packages`` excluded), sorted."""
+    root = Path(stdlib or sysconfig.get_paths()["stdlib"])
+    out = []
+    for p in root.rglob("*.py"):
+        parts = p.relative_to(root).parts
+        if any(x in ("site-packages", "dist-packages", "__pycache__") for x in parts):
+            continue
+        if p.is_file():
+            out.append(p)
+    return sorted(out)
+
+
+def python_doc_files(root: str | Path = PYTHON_DOC_DIR) -> list[Path]:
+    """reST/text files of Debian's ``python3.11-doc`` (also ``.gz``); empty when the package is absent."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.rglob("*"):
+        name = p.name.lower()
+        base = name[:-3] if name.endswith(".gz") else name
+        if not p.is_file() or not base.endswith((".rst", ".txt")):
+            continue
+        if any(base.startswith(s) for s in _DOC_SKIP):
+            continue
+        out.append(p)
+    return sorted(out)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rt", encoding="utf-8", errors="replace") as fh:
+                return fh.read()
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:  # unreadable file: skip
+        logger.warning("skipping %s: %s", path, exc)
+        return ""
+
+
+def text_documents(seed: int, stdlib: str | Path | None = None, doc_root: str | Path = PYTHON_DOC_DIR):
+    """(name, text) of every stdlib source and python3.11-doc file, in a seeded shuffled order."""
+    files = stdlib_files(stdlib) + python_doc_files(doc_root)
+    random.Random(seed).shuffle(files)
+    for f in files:
+        text = _read_text(f)
+        if text.strip():
+            yield str(f), text
+
+
+# ----- chat prompts (training only; never MT-Bench / HumanEval) -------------------------------------------------
+
+_GENERAL_TEMPLATES = [
+    "Write a short blog post about {t}.",
+    "Explain {t} to a high-school student.",
+    "What are the main advantages and disadvantages of {t}?",
+    "Give me five practical tips related to {t}.",
+    "Write a short poem about {t}.",
+    "Summarize the key ideas behind {t} in three sentences.",
+    "Draft a polite email to a colleague about {t}.",
+    "Write a dialogue between two friends discussing {t}.",
+    "What are common misconceptions about {t}?",
+    "Describe the history of {t} briefly.",
+    "Prepare a short lesson plan for a class on {t}.",
+    "Compare {t} with a related idea and explain the differences.",
+    "Write a persuasive paragraph arguing that more people should learn about {t}.",
+    "List three questions a beginner might ask about {t}, and answer each one.",
+    "Tell a short story in which {t} plays an important role.",
+    "How would you explain {t} to a five-year-old?",
+    "What skills does someone need to work on {t}?",
+    "Write a product description for an app that helps people with {t}.",
+    "Give a step-by-step guide to getting started with {t}.",
+    "What ethical questions are raised by {t}?",
+    "Write a haiku about {t}.",
+    "Create a quiz with three multiple-choice questions about {t}, with answers.",
+    "Write a tweet announcing an exciting new development in {t}.",
+    "Make a table of the pros and cons of {t}.",
+    "List the key terms a student should know about {t} and define each one.",
+    "What will {t} look like in twenty years? Give a reasoned prediction.",
+    "Write a limerick about {t}.",
+    "Give an outline for a presentation about {t}.",
+]
+
+_TOPICS = [
+    "renewable energy", "climate change", "machine learning", "ancient Rome", "the French Revolution",
+    "photosynthesis", "black holes", "the human immune system", "healthy sleep habits", "remote work",
+    "personal finance", "budgeting for students", "electric cars", "urban gardening", "the history of jazz",
+    "Shakespeare's plays", "quantum computing", "the water cycle", "volcanoes", "recycling",
+    "public transportation", "social media", "online privacy", "cybersecurity", "the stock market", "inflation",
+    "supply and demand", "meditation", "marathon training", "nutrition", "vegetarian cooking", "baking bread",
+    "coffee", "time management", "learning a foreign language", "public speaking", "job interviews",
+    "leadership", "teamwork", "starting a small business", "marketing", "the Renaissance", "impressionist painting",
+    "classical music", "film making", "video game design", "space exploration", "the Moon landing", "the Internet",
+    "smartphones", "artificial intelligence in medicine", "vaccines", "antibiotic resistance", "genetics",
+    "evolution", "dinosaurs", "ocean conservation", "coral reefs", "rainforests", "bees and pollination",
+    "migratory birds", "caring for pets", "dog training", "chess", "football", "the Olympic Games",
+    "mountain hiking", "camping", "travelling on a budget", "Japanese culture", "the Silk Road",
+    "the printing press", "the Industrial Revolution", "democracy", "human rights", "volunteering",
+    "mental health", "stress management", "friendship", "parenting", "early childhood education",
+    "online learning", "libraries", "poetry", "science fiction", "mystery novels", "architecture", "bridges",
+    "3D printing", "robotics", "blockchain", "cloud computing", "open-source software", "databases",
+    "the Python programming language", "sorting algorithms", "prime numbers", "probability", "geometry",
+    "statistics", "weather forecasting", "earthquakes", "electricity", "magnetism", "the periodic table",
+    "chemistry in the kitchen", "the solar system", "plate tectonics", "the Roman Empire", "ancient Egypt",
+    "the Cold War", "world trade", "tourism", "fast fashion", "minimalism", "board games", "gardening",
+    "birdwatching", "photography", "podcasts", "journalism", "fake news", "nuclear power", "water scarcity",
+]
+
+_PERSONAS = [
+    "a pirate captain", "a medieval knight", "a private detective", "a famous chef", "a travel agent",
+    "a personal trainer", "a museum guide", "a senior software engineer", "a family doctor", "a history professor",
+    "an astronaut", "a kindergarten teacher", "a startup founder", "a park ranger", "a librarian",
+    "a sports commentator", "a wise old wizard", "a customer support agent", "a career coach", "a poet",
+]
+
+_PERSONA_TASKS = [
+    "Introduce yourself and describe a typical day.",
+    "Give some advice to someone who is new to your field.",
+    "Describe the biggest challenge you have faced.",
+    "Answer this question in character: what makes a good friend?",
+    "Explain why your job matters to society.",
+    "Tell me about a memorable mistake and what you learned from it.",
+]
+
+_CODE_TASKS = [
+    "reverses the words in a sentence", "checks whether a number is prime", "returns the n-th Fibonacci number",
+    "merges two sorted lists into one sorted list", "counts how often each word occurs in a text",
+    "flattens a nested list", "checks whether a string is a valid IPv4 address",
+    "finds the longest common prefix of a list of strings", "converts Celsius to Fahrenheit",
+    "removes duplicates from a list while preserving order", "computes the factorial of n",
+    "implements binary search on a sorted list", "parses a line of comma-separated values",
+    "computes the greatest common divisor of two integers", "transposes a matrix given as a list of lists",
+    "returns the k largest elements of a list", "checks whether two strings are anagrams",
+    "converts a Roman numeral to an integer", "groups a list of records by a key",
+    "computes a moving average over a list of numbers", "validates balanced parentheses in a string",
+    "reads a JSON file and returns the keys of the top-level object", "implements a simple stack class",
+    "implements a queue with two stacks", "computes the median of a list", "rotates a list by k positions",
+    "finds all pairs in a list that sum to a target", "converts a string to snake_case",
+    "counts the vowels in a string", "splits a list into chunks of size n", "computes the dot product of two vectors",
+    "returns the second largest number in a list", "checks whether a year is a leap year",
+    "compresses a string with run-length encoding", "computes the edit distance between two strings",
+]
+
+_LANGS = ["Python", "Python", "Python", "JavaScript", "C", "Java", "Rust", "Go"]
+
+_MATH_TEMPLATES = [
+    "A shop sells pencils for ${a} each and notebooks for ${b} each. How much do {c} pencils and {d} notebooks cost?",
+    "A train travels {a}0 kilometres in {b} hours. What is its average speed? Answer step by step.",
+    "Tom has {a}{b} marbles. He gives {c} to each of his {d} friends. How many marbles does he have left?",
+    "What is {a}{b} multiplied by {c}{d}? Show your work.",
+    "A rectangle is {a}{c} cm long and {b}{d} cm wide. What are its area and perimeter?",
+    "If {a} workers can paint a house in {b}{c} days, how long would {d} workers take at the same rate?",
+    "Solve for x: {a}x + {b}{c} = {d}{a}. Explain each step.",
+    "A recipe needs {a} eggs for {b} cakes. How many eggs are needed for {c}{d} cakes?",
+    "Sarah saves ${a}{b} every week. How many weeks does she need to save ${c}{d}00?",
+    "What is {a}{b}% of {c}{d}0? Explain how you calculate it.",
+]
+
+
+def _heldout_messages() -> set[str]:
+    from sage_plugin.bench.prompts import load_prompts
+
+    out: set[str] = set()
+    for ds in HELD_OUT_DATASETS:
+        for p in load_prompts(ds):
+            out.update(m["content"].strip() for m in p.messages if isinstance(m.get("content"), str))
+    return out
+
+
+def _stdlib_function_prompts(seed: int, stdlib: str | Path | None = None) -> Iterator[str]:
+    """Prompts made from documented stdlib functions: HumanEval-style completion, explanation, re-implementation."""
+    from sage_plugin.bench.prompts import HUMANEVAL_PREFIX, HUMANEVAL_SUFFIX
+
+    files = [f for f in stdlib_files(stdlib) if not {"test", "tests", "idle_test"} & set(f.parts)]
+    random.Random(seed + 17).shuffle(files)
+    kind = 0
+    for f in files:
+        src = _read_text(f)
+        try:
+            tree = ast.parse(src)
+        except (SyntaxError, ValueError):
+            continue
+        lines = src.splitlines()
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc or len(doc) < 40 or not node.body or node.end_lineno is None:
+                continue
+            n_lines = node.end_lineno - node.lineno + 1
+            if n_lines > 40:
+                continue
+            header = textwrap.dedent("\n".join(lines[node.lineno - 1 : node.body[0].end_lineno])) + "\n"
+            full = textwrap.dedent("\n".join(lines[node.lineno - 1 : node.end_lineno]))
+            summary = doc.strip().splitlines()[0].strip().rstrip(".")
+            k = kind % 3
+            kind += 1
+            if k == 0:
+                yield HUMANEVAL_PREFIX + header + HUMANEVAL_SUFFIX
+            elif k == 1:
+                yield f"Explain what the following Python function does:\n\n```python\n{full}\n```"
+            elif len(summary) >= 20:
+                yield f"Write a Python function `{node.name}` that does the following: {summary}."
+
+
+def _faq_questions(doc_root: str | Path = PYTHON_DOC_DIR) -> list[str]:
+    out = []
+    for f in python_doc_files(doc_root):
+        if "faq" not in str(f).lower():
+            continue
+        lines = _read_text(f).splitlines()
+        for a, b in zip(lines, lines[1:], strict=False):
+            a = a.strip()
+            if a.endswith("?") and b.strip() and set(b.strip()) <= set("=-~^\"'*+#") and len(a) > 10:
+                out.append(a)
+    return out
+
+
+def chat_prompts(n: int, seed: int = 0, stdlib: str | Path | None = None,
+                 doc_root: str | Path = PYTHON_DOC_DIR) -> list[str]:
+    """``n`` distinct user messages for the target to answer (deterministic for a seed).
+
+    Sources, interleaved: templated general requests (topic x task), role-play, GSM8K (bundled, allowed),
+    synthetic arithmetic word problems, coding requests, prompts made from documented stdlib functions (HumanEval
+    format, explanations, re-implementations) and python3.11-doc FAQ questions when installed.  Messages equal to
+    an MT-Bench or HumanEval prompt are dropped (those are the held-out evaluation sets).
+    """
+    if n <= 0:
+        return []
+    from sage_plugin.bench.prompts import load_prompts
+
+    rng = random.Random(seed)
+    general = [t.format(t=topic) for t in _GENERAL_TEMPLATES for topic in _TOPICS]
+    rng.shuffle(general)
+    roleplay = [f"Pretend you are {p}. {t}" for p in _PERSONAS for t in _PERSONA_TASKS]
+    rng.shuffle(roleplay)
+    code = [f"Write a {lang} function that {task}." for task in _CODE_TASKS for lang in dict.fromkeys(_LANGS)]
+    code = [f"Write a Python function that {task}. Include a docstring and an example." for task in _CODE_TASKS] + code
+    rng.shuffle(code)
+    gsm = [p.messages[-1]["content"] for p in load_prompts("gsm8k")]
+    rng.shuffle(gsm)
+
+    def math_gen() -> Iterator[str]:
+        r = random.Random(seed + 3)
+        while True:
+            t = r.choice(_MATH_TEMPLATES)
+            yield t.format(a=r.randint(2, 9), b=r.randint(2, 9), c=r.randint(2, 9), d=r.randint(2, 9))
+
+    sources: dict[str, Iterator[str]] = {
+        "general": iter(general),
+        "roleplay": iter(roleplay),
+        "gsm8k": iter(gsm),
+        "math": math_gen(),
+        "code": iter(code),
+        "stdlib": _stdlib_function_prompts(seed, stdlib),
+        "faq": iter(_faq_questions(doc_root)),
+    }
+    pattern = ["general", "stdlib", "general", "roleplay", "gsm8k", "code", "general", "stdlib", "math", "faq",
+               "general", "stdlib"]
+    held_out = _heldout_messages()
+    seen: set[str] = set()
+    out: list[str] = []
+    misses = 0
+    while len(out) < n and misses < 10 * len(pattern) + 1000:
+        for name in pattern:
+            if len(out) >= n:
+                break
+            it = sources.get(name)
+            msg = next(it, None) if it is not None else None
+            if msg is None:
+                sources.pop(name, None)
+                misses += 1
+                continue
+            key = msg.strip()
+            if key in held_out or key in seen:
+                misses += 1
+                continue
+            seen.add(key)
+            out.append(msg)
+        if not sources:
+            break
+    if len(out) < n:
+        logger.warning("only %d distinct training prompts available (asked for %d)", len(out), n)
+    return out
+

@@ -1,0 +1,312 @@
+"""Stage 1 of draft distillation: the target's teacher-forced top-k labels, stored as resumable shards.
+
+Token windows of ``--seq-len`` tokens come from the corpora and chat prompts of :mod:`sage_plugin.train.data`;
+the target answers each chat prompt greedily first (its generations are kept in ``DIR/gen/gen_K.pt`` so they are
+never redone).  One target forward per window gives, for every position, the target's top-k next-token ids and
+log-probabilities (teacher forcing).  Shards (``DIR/labels/chat_K.pt``, ``DIR/labels/text_K.pt``, saved with
+``torch.save``: ``input_ids`` int32, ``topk_ids`` int32, ``topk_logprobs`` fp16, ``meta``) are written atomically;
+an interrupted run skips finished shards.  ``DIR/labels/manifest.json`` records the label settings, and a run with
+other settings is refused.  :class:`LabelStore` reads them back for training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from .common import atomic_save, progress_bar
+from .data import chat_prompts, text_documents
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GEN_SHARD_PROMPTS", "LABEL_FORMAT", "pad_and_eos", "greedy_generate", "label_windows", "build_labels",
+           "LabelStore"]
+
+GEN_SHARD_PROMPTS = 64  # prompts per generation shard (fixed: changing it would re-key the shards)
+LABEL_FORMAT = 1
+
+
+def load_shard(path: Path) -> dict:
+    """A label (or generation) shard, memory-mapped on CPU."""
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
+def pad_and_eos(tokenizer) -> tuple[int | None, int | None]:
+    """(pad id, EOS id) for batched generation: the tokenizer's pad token, or its EOS when it has none."""
+    eos = tokenizer.eos_token_id
+    return (tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos), eos
+
+
+@torch.inference_mode()
+def greedy_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, batch_size: int, pad_id: int,
+                    eos_id: int | Sequence[int] | None, device, progress: bool = False, desc: str = "generate"):
+    """Greedy continuations (token lists, cut after the first EOS) of ``prompts``; left-padded batches."""
+    from transformers import GenerationConfig
+
+    eos = [eos_id] if isinstance(eos_id, int) else list(eos_id or [])
+    gcfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                            eos_token_id=eos or None, num_beams=1)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out: list[list[int]] = [[] for _ in prompts]
+    bar = progress_bar(total=len(prompts), desc=desc, disable=not progress)
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        width = max(len(prompts[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for r, i in enumerate(idx):
+            p = list(prompts[i])
+            ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[r, width - len(p) :] = 1
+        gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gcfg)
+        new = gen[:, width:].tolist()
+        for r, i in enumerate(idx):
+            toks = new[r]
+            for j, t in enumerate(toks):
+                if t in eos:
+                    toks = toks[: j + 1]
+                    break
+            out[i] = toks
+        bar.update(len(idx))
+    bar.close()
+    return out
+
+
+@torch.inference_mode()
+def label_windows(target, windows: torch.Tensor, topk: int, *, device, dtype: torch.dtype = torch.float32):
+    """Teacher-forced top-k next-token ids (int32) and log-probs (fp16) of ``target`` for each window position."""
+    decoder, head = target.get_decoder(), target.get_output_embeddings()
+    ids = windows.to(device=device, dtype=torch.long)
+    use_amp = dtype != torch.float32 and ids.device.type == "cuda"
+    with torch.autocast(ids.device.type, dtype=dtype, enabled=use_amp):
+        hidden = decoder(input_ids=ids).last_hidden_state
+    top_ids = torch.empty(*ids.shape, topk, dtype=torch.int32)
+    top_lp = torch.empty(*ids.shape, topk, dtype=torch.float16)
+    for b in range(ids.shape[0]):
+        with torch.autocast(ids.device.type, dtype=dtype, enabled=use_amp):
+            logits = head(hidden[b])
+        logits = logits.float()
+        vals, idx = logits.topk(topk, dim=-1)
+        lp = vals - torch.logsumexp(logits, dim=-1, keepdim=True)
+        top_ids[b] = idx.to("cpu", torch.int32)
+        top_lp[b] = lp.to("cpu", torch.float16)
+    return top_ids, top_lp
+
+
+class _LazyTarget:
+    """Loads the target on first use (a fully cached label stage never loads it)."""
+
+    def __init__(self, target_dir: Path, device: torch.device):
+        self.target_dir, self.device, self._model = target_dir, device, None
+
+    def get(self):
+        if self._model is None:
+            from sage_plugin.models import load_causal_lm
+
+            t0 = time.time()
+            self._model = load_causal_lm(self.target_dir, device=self.device)
+            logger.info("loaded target %s in %.1fs", self.target_dir, time.time() - t0)
+        return self._model
+
+
+def _windows_from_tokens(token_lists: Iterable[Sequence[int]], seq_len: int) -> Iterator[list[int]]:
+    buf: list[int] = []
+    for toks in token_lists:
+        buf.extend(toks)
+        while len(buf) >= seq_len:
+            yield buf[:seq_len]
+            del buf[:seq_len]
+
+
+def _cyclic_windows(sequences: Sequence[Sequence[int]], seq_len: int) -> list[list[int]]:
+    """Pack sequences into windows; the last window is completed with tokens from the start (no padding)."""
+    flat = [t for s in sequences for t in s]
+    if not flat:
+        return []
+    n = math.ceil(len(flat) / seq_len)
+    while len(flat) < n * seq_len:
+        flat.extend(flat[: n * seq_len - len(flat)])
+    return [flat[i * seq_len : (i + 1) * seq_len] for i in range(n)]
+
+
+def _shard_rows(path: Path) -> int:
+    try:
+        return int(load_shard(path)["input_ids"].shape[0])
+    except Exception:  # corrupt / partial file: redo it
+        return -1
+
+
+class _Throughput:
+    def __init__(self):
+        self.tokens, self.seconds = 0, 0.0
+
+    def add(self, tokens: int, seconds: float):
+        self.tokens += tokens
+        self.seconds += seconds
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+
+def _label_and_save(target: _LazyTarget, windows: list[list[int]], path: Path, args, meta: dict,
+                    stats: _Throughput, bar) -> None:
+    model = target.get()
+    ids = torch.tensor(windows, dtype=torch.int32)
+    tops, lps = [], []
+    dtype = getattr(torch, args.label_dtype)
+    for s in range(0, len(windows), args.label_batch):
+        t0 = time.time()
+        ti, tl = label_windows(model, ids[s : s + args.label_batch], args.topk, device=target.device, dtype=dtype)
+        stats.add(ti.shape[0] * ti.shape[1], time.time() - t0)
+        tops.append(ti)
+        lps.append(tl)
+        bar.update(ti.shape[0] * ti.shape[1])
+        bar.set_postfix(tok_s=f"{stats.rate:.0f}")
+    atomic_save({"input_ids": ids, "topk_ids": torch.cat(tops), "topk_logprobs": torch.cat(lps), "meta": meta}, path)
+
+
+def build_labels(args, tokenizer, target_dir: Path, out: Path, device: torch.device) -> dict:
+    """Stage 1: generate chat data and label all windows (resumable, idempotent).  Returns statistics."""
+    label_dir, gen_dir = out / "labels", out / "gen"
+    label_dir.mkdir(parents=True, exist_ok=True)
+    gen_dir.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "format": LABEL_FORMAT, "target": str(target_dir), "vocab_size": len(tokenizer), "seq_len": args.seq_len,
+        "topk": args.topk, "seed": args.seed, "label_dtype": args.label_dtype, "shard_windows": args.shard_windows,
+        "gen_max_new_tokens": args.gen_max_new_tokens,
+    }
+    mpath = label_dir / "manifest.json"
+    if mpath.is_file():
+        old = json.loads(mpath.read_text())
+        diff = {k: (old.get(k), v) for k, v in manifest.items() if k != "target" and old.get(k) != v}
+        if diff:
+            raise SystemExit(f"{label_dir} was built with other settings {diff}; use another --out")
+    else:
+        mpath.write_text(json.dumps(manifest, indent=1))
+    target = _LazyTarget(target_dir, device)
+    stats = {"label": _Throughput(), "gen": _Throughput()}
+    progress = not args.no_progress
+    pad, eos = pad_and_eos(tokenizer)
+
+    # (c) the target's own answers to chat prompts -> gen/gen_K.pt -> labels/chat_K.pt
+    n_prompts = args.gen_prompts
+    if n_prompts > 0:
+        from sage_plugin.bench.prompts import Prompt, render_chat
+
+        n_shards = math.ceil(n_prompts / GEN_SHARD_PROMPTS)
+        todo = []
+        for k in range(n_shards):
+            want = min(GEN_SHARD_PROMPTS, n_prompts - k * GEN_SHARD_PROMPTS)
+            lpath = label_dir / f"chat_{k:05d}.pt"
+            if lpath.is_file():
+                meta = load_shard(lpath).get("meta", {})
+                if meta.get("n_prompts") == want:
+                    continue
+            todo.append((k, want))
+        if todo:
+            prompts = chat_prompts(n_prompts, seed=args.seed)
+            bar = progress_bar(total=sum(w for _, w in todo), desc="chat data (generate+label)", unit="prompt",
+                               disable=not progress)
+            lbar = progress_bar(total=0, disable=True)
+            for k, want in todo:
+                msgs = prompts[k * GEN_SHARD_PROMPTS : k * GEN_SHARD_PROMPTS + want]
+                gpath = gen_dir / f"gen_{k:05d}.pt"
+                gen = torch.load(gpath, weights_only=True) if gpath.is_file() else None
+                if gen is None or gen.get("prompts") != msgs:
+                    ids = [render_chat(tokenizer, Prompt(id=str(i), dataset="train", messages=({"role": "user",
+                           "content": m},))) for i, m in enumerate(msgs)]
+                    t0 = time.time()
+                    conts = greedy_generate(target.get(), ids, args.gen_max_new_tokens, batch_size=args.gen_batch,
+                                            pad_id=pad, eos_id=eos, device=device)
+                    stats["gen"].add(sum(len(c) for c in conts), time.time() - t0)
+                    gen = {"prompts": msgs, "sequences": [torch.tensor(p + c, dtype=torch.int32)
+                                                          for p, c in zip(ids, conts, strict=False)]}
+                    atomic_save(gen, gpath)
+                windows = _cyclic_windows([s.tolist() for s in gen["sequences"]], args.seq_len)
+                _label_and_save(target, windows, label_dir / f"chat_{k:05d}.pt", args,
+                                {"source": "chat", "n_prompts": want}, stats["label"], lbar)
+                bar.update(want)
+                bar.set_postfix(gen_tok_s=f"{stats['gen'].rate:.1f}", label_tok_s=f"{stats['label'].rate:.0f}")
+            bar.close()
+
+    # (a)+(b) stdlib sources and python docs -> labels/text_K.pt
+    n_windows = args.text_tokens // args.seq_len
+    if n_windows > 0:
+        sw = args.shard_windows
+        n_shards = math.ceil(n_windows / sw)
+        have = {k: _shard_rows(label_dir / f"text_{k:05d}.pt") for k in range(n_shards)
+                if (label_dir / f"text_{k:05d}.pt").is_file()}
+        need = {k for k in range(n_shards) if have.get(k, -1) != min(sw, n_windows - k * sw)}
+        if need:
+            sep = tokenizer.get_vocab().get("<|endoftext|>", eos)  # document separator
+            docs = text_documents(args.seed)
+            toks = (tokenizer(text, add_special_tokens=False)["input_ids"] + [sep] for _, text in docs)
+            windows_it = _windows_from_tokens(toks, args.seq_len)
+            bar = progress_bar(total=len(need) * sw * args.seq_len, desc="text labels", unit="tok",
+                               disable=not progress)
+            for k in range(n_shards):
+                want = min(sw, n_windows - k * sw)
+                chunk = [w for _, w in zip(range(want), windows_it, strict=False)]
+                if chunk and k in need:
+                    _label_and_save(target, chunk, label_dir / f"text_{k:05d}.pt", args,
+                                    {"source": "text"}, stats["label"], bar)
+                if len(chunk) < want:
+                    logger.warning("text corpus exhausted after %d windows", k * sw + len(chunk))
+                    break
+            bar.close()
+    result = {"label_tok_s": stats["label"].rate, "labelled_tokens": stats["label"].tokens,
+              "gen_tok_s": stats["gen"].rate, "generated_tokens": stats["gen"].tokens}
+    if stats["label"].tokens:
+        logger.info("label pass: %d tokens at %.0f tok/s; generation: %d tokens at %.1f tok/s",
+                    stats["label"].tokens, stats["label"].rate, stats["gen"].tokens, stats["gen"].rate)
+    return result
+
+
+class LabelStore:
+    """All label shards of a run (memory-mapped), a fixed validation slice and the training index."""
+
+    def __init__(self, label_dir: Path, val_windows: int, chat_repeat: int):
+        files = sorted(label_dir.glob("chat_*.pt")) + sorted(label_dir.glob("text_*.pt"))
+        if not files:
+            raise SystemExit(f"no label shards in {label_dir}")
+        self.shards = [load_shard(f) for f in files]
+        self.sources = ["chat" if f.name.startswith("chat_") else "text" for f in files]
+        train, val = [], []
+        seen: set[str] = set()  # the first shard of each source gives the validation windows
+        for s, (sh, src) in enumerate(zip(self.shards, self.sources, strict=False)):
+            n = int(sh["input_ids"].shape[0])
+            n_val = 0
+            if src not in seen:
+                seen.add(src)
+                n_val = min(val_windows, n // 2)
+            val += [(s, r) for r in range(n_val)]
+            rows = [(s, r) for r in range(n_val, n)]
+            train += rows * (chat_repeat if src == "chat" else 1)
+        self.train_index = torch.tensor(train, dtype=torch.long).view(-1, 2)
+        self.val_index = torch.tensor(val, dtype=torch.long).view(-1, 2)
+
+    def num_tokens(self, source: str | None = None) -> int:
+        return sum(int(sh["input_ids"].numel()) for sh, src in zip(self.shards, self.sources, strict=False)
+                   if source in (None, src))
+
+    def batch(self, pairs: torch.Tensor) -> dict[str, torch.Tensor]:
+        keys = ("input_ids", "topk_ids", "topk_logprobs")
+        out = {k: torch.stack([self.shards[int(s)][k][int(r)] for s, r in pairs.tolist()]) for k in keys}
+        out["source"] = [self.sources[int(s)] for s in pairs[:, 0].tolist()]
+        return out
+
+    def label_counts(self, vocab_size: int, inputs: bool = True) -> torch.Tensor:
+        """Per-token counts of the target's top-1 labels, plus of the input tokens unless ``inputs`` is False."""
+        counts = torch.zeros(vocab_size, dtype=torch.long)
+        for sh in self.shards:
+            counts += torch.bincount(sh["topk_ids"][..., 0].reshape(-1).long(), minlength=vocab_size)[:vocab_size]
+            if inputs:
+                counts += torch.bincount(sh["input_ids"].reshape(-1).long(), minlength=vocab_size)[:vocab_size]
+        return counts

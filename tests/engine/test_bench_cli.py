@@ -1,0 +1,61 @@
+"""`sage bench` end to end on the real target (tiny budget), engine configs, method parsing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sage_plugin.bench.methods import ABLATIONS, DEFAULT_METHODS, parse_method
+from sage_plugin.cli import main
+from sage_plugin.config import ConfigError, SageConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_reference_engine_config_is_valid_and_matches_defaults():
+    cfg = SageConfig.from_yaml(ROOT / "engine_configs/reference/smollm2_cpu_sage.yaml")
+    assert cfg == SageConfig()
+
+
+def test_every_named_ablation_parses_to_a_valid_config():
+    base = SageConfig()
+    for name in ABLATIONS:
+        spec = parse_method(name, base)
+        assert spec.name == name and spec.config is not None
+    assert parse_method("ar", base).config is None
+    custom = parse_method("tight=sage:n_max=16,theta0=0.2", base)
+    assert custom.name == "tight" and custom.config.n_max == 16 and custom.config.theta0 == 0.2
+    for bad in ("nope", "sage:n_max=0", "sage:unknown_knob=1", "ar:k=2", "sage:n_max"):
+        with pytest.raises(ConfigError):
+            parse_method(bad, base)
+
+
+def test_bad_flag_is_one_clear_error(capsys):
+    assert main(["bench", "--set", "w_max=99", "--num-prompts", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "w_max" in err and "[2, 10]" in err
+
+
+@pytest.mark.slow
+def test_bench_quick_shape(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    plots = tmp_path / "plots"
+    rc = main([
+        "bench", "--num-prompts", "2", "--max-new-tokens", "6", "--methods", ",".join(DEFAULT_METHODS),
+        "--warmup", "0", "--json", str(out), "--plots", str(plots), "--no-progress",
+    ])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["methods"]) == set(DEFAULT_METHODS)
+    for name, m in doc["methods"].items():
+        for key in ("tau", "tokens_per_s", "speedup", "exact_match", "mean_nodes"):
+            assert key in m, (name, key)
+        assert m["exact_match"] == 1.0, name
+    assert doc["methods"]["ar"]["tau"] == 1.0 and doc["methods"]["ar"]["speedup"] == 1.0
+    assert doc["config"]["max_new_tokens"] == 6
+    assert doc["config"]["draft"], "the draft in use must be stated"
+    assert sorted(p.name for p in plots.iterdir()) == ["alpha_calibration.png", "entropy_autocorrelation.png", "tau_by_method.png"]
+    table = capsys.readouterr().out
+    assert "| sage |" in table and "speed-up vs ar" in table

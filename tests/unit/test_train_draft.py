@@ -1,0 +1,169 @@
+"""Draft distillation (sage_plugin.train.draft): a tiny end-to-end run against a tiny random target.
+
+The target is a 2-layer random Llama with the real SmolLM2 vocabulary/tokenizer (skipped when the converted
+SmolLM2 checkpoint is not cached); everything runs on CPU in well under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from sage_plugin.train.data import chat_prompts  # noqa: E402
+from sage_plugin.train.draft import (  # noqa: E402
+    add_train_args,
+    chain_tau,
+    evaluate_draft,
+    export_draft,
+    train_draft,
+)
+from sage_plugin.train.model import CompactDraft, select_head_vocab  # noqa: E402
+
+SMOLLM2_DIR = Path.home() / ".cache" / "sage_plugin" / "smollm2-135m-instruct-f32"
+VOCAB = 49152
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory) -> Path:
+    if not (SMOLLM2_DIR / "tokenizer.json").is_file():
+        pytest.skip("SmolLM2 tokenizer not cached (run sage_plugin.models.ensure_smollm2() once)")
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+        pad_token_id=2, rope_parameters={"rope_theta": 1e5, "rope_type": "default"}, max_position_embeddings=2048,
+        initializer_range=0.2,  # spread-out logits: varied argmax labels
+    )
+    out = tmp_path_factory.mktemp("tiny_target")
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    AutoTokenizer.from_pretrained(str(SMOLLM2_DIR)).save_pretrained(out)
+    return out
+
+
+def _args(out: Path, target: Path, *extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_train_args(parser)
+    return parser.parse_args([
+        "--out", str(out), "--target", str(target), "--device", "cpu", "--threads", "1", "--seq-len", "32",
+        "--text-tokens", "1024", "--gen-prompts", "3", "--gen-max-new-tokens", "6", "--gen-batch", "4",
+        "--label-batch", "8", "--shard-windows", "16", "--val-windows", "2", "--head-vocab", "512", "--hidden", "32",
+        "--heads", "2", "--intermediate", "64", "--init-embeddings", "pca", "--steps", "6", "--batch-size", "4",
+        "--warmup", "2",
+        "--eval-every", "3", "--ckpt-every", "100", "--no-progress", "--eval-cache", str(out.parent / "cache"), *extra,
+    ])
+
+
+def _log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_chain_tau():
+    assert chain_tau([True] * 10) == (10, 2)  # 4 accepted + bonus, twice
+    assert chain_tau([False] * 3) == (3, 3)  # one target token per step
+    assert chain_tau([True, True, False, True]) == (4, 2)
+    assert chain_tau([], 4) == (0, 0)
+
+
+def test_select_head_vocab_keeps_specials_and_frequent():
+    counts = torch.zeros(100, dtype=torch.long)
+    counts[[50, 60, 70]] = torch.tensor([5, 9, 7])
+    keep = select_head_vocab(counts, 4, always=[2])
+    assert keep.tolist() == [2, 50, 60, 70]
+    assert select_head_vocab(counts, 0, always=[]).numel() == 100
+
+
+def test_chat_prompts_hold_out_eval_sets():
+    from sage_plugin.bench.prompts import load_prompts
+
+    prompts = chat_prompts(40, seed=0)
+    assert len(prompts) == len(set(prompts)) == 40
+    assert prompts == chat_prompts(40, seed=0)[:40] and chat_prompts(20, seed=0) == prompts[:20]
+    held = {m["content"].strip() for ds in ("mt_bench", "humaneval") for p in load_prompts(ds) for m in p.messages}
+    assert not held & {p.strip() for p in prompts}
+
+
+def test_rare_rows_never_win():
+    from transformers import LlamaConfig
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=10, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, head_dim=8)
+    keep = torch.tensor([0, 3, 5, 7, 11, 40])
+    m = CompactDraft(cfg, keep, 64)
+    with torch.no_grad():
+        m.rare_logits.normal_(0, 5.0)  # u concentrated on a few head rows: still a convex combination
+    full = m.full_embedding()
+    h = torch.randn(10000, 16)
+    assert torch.isin((h @ full.t()).argmax(-1), keep).all()
+
+
+def test_train_resume_export_evaluate(tiny_target, tmp_path):
+    # A: 6 steps in one go.  B: stop at step 3, then --resume to 6.  Same data order -> same weights.
+    out_a, out_b = tmp_path / "a", tmp_path / "b"
+    assert train_draft(_args(out_a, tiny_target, "--no-export", "--no-eval")) == 0
+    assert train_draft(_args(out_b, tiny_target, "--stop-at", "3", "--no-eval")) == 0
+    assert not (out_b / "draft").exists()  # unfinished: no export
+    ck = torch.load(out_b / "ckpt.pt", weights_only=False)
+    assert ck["step"] == 3 and ck["cursor"]["pos"] == 12
+    shards = sorted((out_b / "labels").glob("*.pt"))
+    assert {p.name.split("_")[0] for p in shards} == {"chat", "text"}
+    mtimes = {p: p.stat().st_mtime_ns for p in shards}
+
+    assert train_draft(_args(out_b, tiny_target, "--resume", "--eval-limit", "2", "--eval-gen-tokens", "8")) == 0
+    assert {p: p.stat().st_mtime_ns for p in shards} == mtimes  # labels reused, not redone
+    log = _log(out_b)
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in log)
+    assert "val_agree" in log[2] and 0.0 <= log[2]["val_agree"] <= 1.0
+    a = torch.load(out_a / "ckpt.pt", weights_only=False)
+    b = torch.load(out_b / "ckpt.pt", weights_only=False)
+    assert a["step"] == b["step"] == 6
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k  # resumption is exact
+    with pytest.raises(SystemExit):  # an existing run is never overwritten silently
+        train_draft(_args(out_b, tiny_target))
+
+    # export (done by the resumed run) -> a plain HF Llama with the full vocabulary, loadable as fp32
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    draft_dir = out_b / "draft"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md", "sage_draft.json"):
+        assert (draft_dir / name).is_file(), name
+    assert (draft_dir / "model.safetensors").stat().st_size <= 32_000_000
+    model = AutoModelForCausalLM.from_pretrained(str(draft_dir))
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert model.config.vocab_size == VOCAB and model.dtype == torch.float32
+    assert model.get_output_embeddings().weight.shape == (VOCAB, 32)
+    assert AutoTokenizer.from_pretrained(str(draft_dir)).eos_token_id == 2
+
+    # the exported model computes the trained compact model's logits (fp16 storage) and argmax stays in S
+    from transformers import LlamaConfig
+
+    keep = b["keep_ids"]
+    compact = CompactDraft(LlamaConfig.from_dict(b["config"]), keep, VOCAB)
+    compact.load_state_dict(b["model"])
+    ids = b["model"]["to_compact"].new_tensor([[1, 9690, 198, 504, 3060, 30, 2, 42000, 17, 8]])
+    with torch.no_grad():
+        ref = compact(ids)
+        got = model(input_ids=ids).logits
+    assert torch.allclose(got[..., keep], ref, atol=2e-2)
+    assert torch.isin(got.argmax(-1), keep).all()
+
+    # evaluation on held-out prompts (continuations cached under tmp)
+    res = evaluate_draft(tiny_target, draft_dir, limit=2, gen_tokens=8, device="cpu", cache_dir=tmp_path / "cache",
+                         verbose=False)
+    assert 0.0 <= res["agreement"] <= 1.0 and 1.0 <= res["tau"] <= 5.0
+    assert res["prompts"] == 4 and set(res["per_dataset"]) == {"mt_bench", "humaneval"}
+    assert res["rare_argmax_rate"] == 0.0
+    assert "agreement" in (draft_dir / "README.md").read_text()
+    # export_draft on its own (no evaluation) rewrites the directory
+    assert export_draft(out_b / "ckpt.pt", tmp_path / "exp", evaluate=False) == {}
+    assert (tmp_path / "exp" / "config.json").is_file()
