@@ -20,9 +20,19 @@ logger = logging.getLogger("sage_plugin")
 
 def _bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark SAGE against its baselines on bundled prompts")
-    p.add_argument("--quick", action="store_true", help="small run: 8 text prompts x 64 tokens (< 10 min on 2 CPU cores)")
-    p.add_argument("--methods", default=None, help="comma list: ar,chain,static,eagle2,sage, ablations (see docs), NAME=POLICY:k=v;...")
-    p.add_argument("--datasets", default="mixed", help="mixed (round-robin mt_bench/gsm8k/humaneval), or comma list of mt_bench,gsm8k,humaneval,vlm")
+    p.add_argument(
+        "--quick", action="store_true", help="small run: 8 text prompts x 64 tokens (< 10 min on 2 CPU cores)"
+    )
+    p.add_argument(
+        "--methods",
+        default=None,
+        help="comma list: ar,chain,static,eagle2,sage, ablations (see docs), NAME=POLICY:k=v;...",
+    )
+    p.add_argument(
+        "--datasets",
+        default="mixed",
+        help="mixed (round-robin mt_bench/gsm8k/humaneval), or comma list of mt_bench,gsm8k,humaneval,vlm",
+    )
     p.add_argument("--num-prompts", type=int, default=None, help="prompts in total (default 20, quick 8)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 128, quick 64")
     p.add_argument("--batch-size", type=int, default=1)
@@ -31,11 +41,17 @@ def _bench_parser(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--target", default=None, help="HF target dir (default: bundled SmolLM2-135M-Instruct, converted once)")
+    p.add_argument(
+        "--target", default=None, help="HF target dir (default: bundled SmolLM2-135M-Instruct, converted once)"
+    )
     p.add_argument("--draft", default=None, help="HF draft dir (default: the shipped draft, else a stand-in)")
-    p.add_argument("--standin-layers", type=int, default=4, help="layers of the target used as stand-in draft when none ships")
+    p.add_argument(
+        "--standin-layers", type=int, default=4, help="layers of the target used as stand-in draft when none ships"
+    )
     p.add_argument("--config", default=None, help="YAML with SAGE options (top-level or under 'sage:')")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one SAGE option (repeatable)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override one SAGE option (repeatable)"
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--cache-dir", default=None, help="where converted models are cached")
@@ -66,13 +82,24 @@ def bench_main(args) -> int:
     from .bench.run import run_methods
     from .engines.adapters import GenRequest, TextAdapter
     from .engines.speculative import SamplingParams, SpecEngine
-    from .models import DEFAULT_CACHE_DIR, bundled_draft_dir, ensure_smollm2, load_causal_lm, load_tokenizer, truncated_draft
+    from .models import (
+        DEFAULT_CACHE_DIR,
+        bundled_draft_dir,
+        ensure_smollm2,
+        load_causal_lm,
+        load_tokenizer,
+        truncated_draft,
+    )
 
     base = _base_config(args)
     methods = [parse_method(m, base) for m in (args.methods.split(",") if args.methods else DEFAULT_METHODS)]
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     cache = Path(args.cache_dir) if args.cache_dir else DEFAULT_CACHE_DIR
     num = args.num_prompts or (8 if args.quick else 20)
     max_new = args.max_new_tokens or (64 if args.quick else 128)
@@ -84,8 +111,10 @@ def bench_main(args) -> int:
         draft_dir, draft_desc = bundled_draft_dir(), "shipped trained SmolLM2 draft"
     else:
         draft_dir = truncated_draft(target_dir, args.standin_layers, cache)
-        draft_desc = (f"STAND-IN: first {args.standin_layers} layers of the target (no trained draft ships yet; "
-                      "tau and speed-ups are not representative of a real draft)")
+        draft_desc = (
+            f"STAND-IN: first {args.standin_layers} layers of the target (no trained draft ships yet; "
+            "tau and speed-ups are not representative of a real draft)"
+        )
     tok = load_tokenizer(target_dir)
     engine = SpecEngine(TextAdapter(load_causal_lm(target_dir, device)), TextAdapter(load_causal_lm(draft_dir, device)))
 
@@ -100,16 +129,30 @@ def bench_main(args) -> int:
     requests = [GenRequest(render_chat(tok, p), request_id=p.id) for p in prompts]
     params = SamplingParams(args.temperature, args.top_k, args.top_p, max_new, (tok.eos_token_id,), args.seed)
 
-    print(f"target: {target_dir}\ndraft:  {draft_desc}\ndevice: {device} ({platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} threads)\nprompts: {len(prompts)} x {max_new} new tokens, batch {args.batch_size}, "
-          f"{'greedy' if args.temperature <= 0 else f'temperature {args.temperature}'}", flush=True)
+    print(
+        f"target: {target_dir}\ndraft:  {draft_desc}\ndevice: {device} ({platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads)\nprompts: {len(prompts)} x {max_new} new tokens, batch {args.batch_size}, "
+        f"{'greedy' if args.temperature <= 0 else f'temperature {args.temperature}'}",
+        flush=True,
+    )
     results = run_methods(engine, methods, requests, params, args.batch_size, args.warmup, not args.no_progress)
     config = {
-        "sage": base.to_dict(), "methods": {m.name: (m.config.to_dict() if m.config else None) for m in methods},
-        "target": str(target_dir), "draft": draft_desc, "device": str(device), "threads": torch.get_num_threads(),
-        "num_prompts": len(prompts), "max_new_tokens": max_new, "batch_size": args.batch_size,
-        "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
-        "datasets": args.datasets, "machine": platform.machine(), "python": platform.python_version(),
+        "sage": base.to_dict(),
+        "methods": {m.name: (m.config.to_dict() if m.config else None) for m in methods},
+        "target": str(target_dir),
+        "draft": draft_desc,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "num_prompts": len(prompts),
+        "max_new_tokens": max_new,
+        "batch_size": args.batch_size,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "seed": args.seed,
+        "datasets": args.datasets,
+        "machine": platform.machine(),
+        "python": platform.python_version(),
         "torch": torch.__version__,
     }
     summary = summarize(results, config)

@@ -48,9 +48,31 @@ __all__ = ["ConfigError", "SageConfig", "MC_SIM_7B_63", "POLICIES"]
 
 #: SpecVLM's 25-node initial tree (rank paths), SAGE Appendix A.1 / SAGE_SPEC §1.9.
 MC_SIM_7B_63: tuple[tuple[int, ...], ...] = (
-    (0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
-    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (1, 0, 0),
-    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
+    (0,),
+    (1,),
+    (2,),
+    (3,),
+    (0, 0),
+    (0, 1),
+    (0, 2),
+    (1, 0),
+    (1, 1),
+    (2, 0),
+    (2, 1),
+    (3, 0),
+    (0, 0, 0),
+    (0, 0, 1),
+    (0, 0, 2),
+    (0, 1, 0),
+    (0, 1, 1),
+    (0, 2, 0),
+    (0, 2, 1),
+    (1, 0, 0),
+    (0, 0, 0, 0),
+    (0, 0, 0, 1),
+    (0, 0, 0, 2),
+    (0, 0, 0, 0, 0),
+    (0, 0, 0, 0, 1),
 )
 
 POLICIES = ("sage", "eagle2", "static", "chain")
@@ -244,4 +266,6 @@ def _validate_tree_choices(name: str, paths: Any, k: int) -> None:
         raise ConfigError(f"{name} contains duplicate rank paths")
     for p in paths:
         if len(p) > 1 and p[:-1] not in seen:
-            raise ConfigError(f"{name}: path {list(p)} has no parent path {list(p[:-1])} (tree must be ancestor-closed)")
+            raise ConfigError(
+                f"{name}: path {list(p)} has no parent path {list(p[:-1])} (tree must be ancestor-closed)"
+            )

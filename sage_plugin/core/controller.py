@@ -87,7 +87,7 @@ def history_update(
     ...     s = history_update(s, torch.tensor([float(t)]), lo=2, hi=3, step=1, d_min=3, d_cap=10,
     ...                        full_window_cooldown=True)
     ...     print(int(s.d_max), end=" ")
-    8 9 9 10 10 9 
+    8 9 9 10 10 9
     """
     w = state.window.shape[1]
     window = torch.cat([state.window[:, 1:], tau.float()[:, None]], dim=1)

@@ -102,7 +102,9 @@ class Candidates:
     codes: torch.Tensor
 
 
-def new_pool(root_tokens: torch.Tensor, root_logprobs: torch.Tensor, capacity: int, k: int) -> tuple[DraftPool, Frontier]:
+def new_pool(
+    root_tokens: torch.Tensor, root_logprobs: torch.Tensor, capacity: int, k: int
+) -> tuple[DraftPool, Frontier]:
     """Start a round: a pool holding only the roots, and a frontier of the roots.
 
     Args:
@@ -200,11 +202,15 @@ def budget_top_n(eligible: torch.Tensor, score: torch.Tensor, n: torch.Tensor) -
     """
     masked = torch.where(eligible, score, NEG_INF)
     order = torch.sort(masked, dim=1, descending=True, stable=True).indices
-    place = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    place = torch.empty_like(order).scatter_(
+        1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
+    )
     return eligible & (place < n[:, None])
 
 
-def append(pool: DraftPool, cands: Candidates, keep: torch.Tensor, expand: torch.Tensor, order: torch.Tensor, frontier_cap: int) -> Frontier:
+def append(
+    pool: DraftPool, cands: Candidates, keep: torch.Tensor, expand: torch.Tensor, order: torch.Tensor, frontier_cap: int
+) -> Frontier:
     """Append kept candidates to the pool in ``order`` (descending) and return the next frontier.
 
     Args:
@@ -227,9 +233,14 @@ def append(pool: DraftPool, cands: Candidates, keep: torch.Tensor, expand: torch
     slot = pool.count[:, None] + torch.cumsum(kept_sorted.long(), 1) - 1
     slot = torch.where(kept_sorted & (slot < pool.capacity), slot, pool.capacity)  # trash column
     for name, src in (
-        ("tokens", cands.tokens), ("parents", cands.parent), ("logp", cands.logp),
-        ("logp_topk", cands.logp_topk), ("joint", cands.joint), ("joint_topk", cands.joint_topk),
-        ("ranks", cands.ranks), ("codes", cands.codes),
+        ("tokens", cands.tokens),
+        ("parents", cands.parent),
+        ("logp", cands.logp),
+        ("logp_topk", cands.logp_topk),
+        ("joint", cands.joint),
+        ("joint_topk", cands.joint_topk),
+        ("ranks", cands.ranks),
+        ("codes", cands.codes),
     ):
         getattr(pool, name).scatter_(1, slot, flat(src).gather(1, sort))
     pool.depths.scatter_(1, slot, torch.full_like(slot, cands.level))

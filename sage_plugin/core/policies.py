@@ -121,13 +121,20 @@ class TreePolicy(Protocol):
 
     def plan(self, state: PolicyState, root_logprobs: torch.Tensor) -> RoundPlan: ...
 
-    def step(self, plan: RoundPlan, pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, level: int) -> Frontier: ...
+    def step(
+        self, plan: RoundPlan, pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, level: int
+    ) -> Frontier: ...
 
     def finalize(self, plan: RoundPlan, pool: DraftPool) -> DraftTree: ...
 
     def observe(
-        self, state: PolicyState, plan: RoundPlan, tree: DraftTree, accepted_nodes: torch.Tensor,
-        num_accepted: torch.Tensor, pool: DraftPool | None = None,
+        self,
+        state: PolicyState,
+        plan: RoundPlan,
+        tree: DraftTree,
+        accepted_nodes: torch.Tensor,
+        num_accepted: torch.Tensor,
+        pool: DraftPool | None = None,
     ) -> PolicyState: ...
 
 
@@ -294,7 +301,9 @@ class SagePolicy(_Base):
             depth = torch.where(first, depth, _code_depth(planned, self.k).max(1).values.clamp(min=1))
         return RoundPlan(depth, width, alpha, root_alpha, first, planned)
 
-    def select(self, plan: RoundPlan, pool: DraftPool, c: Candidates) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def select(
+        self, plan: RoundPlan, pool: DraftPool, c: Candidates
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(keep, expand, insertion order)`` for one level's candidates (Eq. 10-12 + §2)."""
         cfg, lvl = self.cfg, c.level
         topk_space = cfg.prob_space == "topk"
@@ -355,8 +364,14 @@ class SagePolicy(_Base):
         history = state.history
         if cfg.use_history:
             history = history_update(
-                history, tau, lo=cfg.history_lo, hi=cfg.history_hi, step=cfg.history_step,
-                d_min=cfg.d_min, d_cap=cfg.d_cap, full_window_cooldown=cfg.history_cooldown == "full_window",
+                history,
+                tau,
+                lo=cfg.history_lo,
+                hi=cfg.history_hi,
+                step=cfg.history_step,
+                d_min=cfg.d_min,
+                d_cap=cfg.d_cap,
+                full_window_cooldown=cfg.history_cooldown == "full_window",
             )
         planned = state.planned
         if cfg.topology == "planned":
@@ -377,7 +392,9 @@ class SagePolicy(_Base):
         plan = RoundPlan(depth, width, alpha, alpha, torch.zeros_like(alpha, dtype=torch.bool))
         root = pool.topk_logp[:, 0]  # [B, K] sorted: as a k-token "vocabulary", token id = rank
         expanded = ~torch.isnan(pool.conf)
-        vpool, front = new_pool(torch.zeros(bsz, dtype=torch.int64, device=alpha.device), root, self.pool_capacity, self.k)
+        vpool, front = new_pool(
+            torch.zeros(bsz, dtype=torch.int64, device=alpha.device), root, self.pool_capacity, self.k
+        )
         logprobs = root[:, None]
         for level in range(1, self.cfg.d_cap + 1):
             cand = propose(vpool, front, logprobs, self.k, level)
@@ -407,4 +424,3 @@ def _code_depth(codes: torch.Tensor, k: int) -> torch.Tensor:
 def build_policy(cfg: SageConfig) -> TreePolicy:
     """The policy named by ``cfg.policy``."""
     return {"sage": SagePolicy, "eagle2": Eagle2Policy, "static": StaticPolicy, "chain": ChainPolicy}[cfg.policy](cfg)
-

@@ -501,10 +501,22 @@ def build_tree_ref(
             for rank, (tok, p) in enumerate(top):
                 if p <= 0.0:
                     continue  # impossible token: not a candidate
-                cands.append((pos * k + rank, RefNode(
-                    path=parent.path + (tok,), ranks=parent.ranks + (rank,), token=tok, parent=u, depth=level,
-                    prob=p, prob_topk=p / mass, joint=parent.joint * p, joint_topk=parent.joint_topk * (p / mass),
-                )))
+                cands.append(
+                    (
+                        pos * k + rank,
+                        RefNode(
+                            path=parent.path + (tok,),
+                            ranks=parent.ranks + (rank,),
+                            token=tok,
+                            parent=u,
+                            depth=level,
+                            prob=p,
+                            prob_topk=p / mass,
+                            joint=parent.joint * p,
+                            joint_topk=parent.joint_topk * (p / mass),
+                        ),
+                    )
+                )
 
         def by_joint(item):
             return (-item[1].joint, item[0])
@@ -577,8 +589,20 @@ def build_tree_ref(
             assert nodes[i].parent in remap, "joint probability must not increase along a path"
             remap[i] = len(out)
             node = nodes[i]
-            out.append(RefNode(node.path, node.ranks, node.token, remap[node.parent], node.depth, node.prob,
-                               node.prob_topk, node.joint, node.joint_topk, node.conf))
+            out.append(
+                RefNode(
+                    node.path,
+                    node.ranks,
+                    node.token,
+                    remap[node.parent],
+                    node.depth,
+                    node.prob,
+                    node.prob_topk,
+                    node.joint,
+                    node.joint_topk,
+                    node.conf,
+                )
+            )
         nodes = out
 
     return RefTree(nodes, depth, width, alpha, root_alpha, static_first, m.value, m.where)
@@ -668,7 +692,14 @@ def observe_ref(cfg, state: RefState, tree: RefTree, accepted: Sequence[int], ta
     if cfg.use_history:
         t = tau + (1 if cfg.history_tau == "drafts_plus_bonus" else 0)
         history = history_update_ref(
-            history, t, window=cfg.history_window, lo=cfg.history_lo, hi=cfg.history_hi, step=cfg.history_step,
-            d_min=cfg.d_min, d_cap=cfg.d_cap, full_window_cooldown=cfg.history_cooldown == "full_window",
+            history,
+            t,
+            window=cfg.history_window,
+            lo=cfg.history_lo,
+            hi=cfg.history_hi,
+            step=cfg.history_step,
+            d_min=cfg.d_min,
+            d_cap=cfg.d_cap,
+            full_window_cooldown=cfg.history_cooldown == "full_window",
         )
     return RefState(alpha, False, history)

@@ -96,8 +96,15 @@ class DraftTree:
         """The first ``n`` node columns (``n >= num_nodes.max()``: drops padding only)."""
         cut = lambda t: None if t is None else t[:, :n]  # noqa: E731
         return DraftTree(
-            cut(self.tokens), cut(self.parents), cut(self.depths), self.num_nodes, cut(self.draft_logp),
-            cut(self.ranks), self.max_depth, cut(self.node_conf), cut(self.source),
+            cut(self.tokens),
+            cut(self.parents),
+            cut(self.depths),
+            self.num_nodes,
+            cut(self.draft_logp),
+            cut(self.ranks),
+            self.max_depth,
+            cut(self.node_conf),
+            cut(self.source),
         )
 
     def valid(self) -> torch.Tensor:

@@ -128,7 +128,9 @@ def process_logits(
     vocab = logits.shape[-1]
     if top_k is not None:
         kk = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k)
-        kth = torch.sort(logits, dim=-1, descending=True).values.gather(-1, (kk - 1)[:, None, None].expand(-1, logits.shape[1], 1))
+        kth = torch.sort(logits, dim=-1, descending=True).values.gather(
+            -1, (kk - 1)[:, None, None].expand(-1, logits.shape[1], 1)
+        )
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if top_p is not None:

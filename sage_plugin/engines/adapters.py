@@ -42,7 +42,9 @@ class ModelAdapter(Protocol):
 
     def prefill(self, request: GenRequest) -> PrefillResult: ...
 
-    def forward(self, state: SeqState, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
+    def forward(
+        self, state: SeqState, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor: ...
 
 
 class TextAdapter:
@@ -61,9 +63,13 @@ class TextAdapter:
         return PrefillResult(kv, out.logits[0, -1].float(), ids.shape[1])
 
     @torch.inference_mode()
-    def forward(self, state: SeqState, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, state: SeqState, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         """Logits ``[B, Q, V]`` of ``Q`` new tokens per request (appended to ``state``'s cache)."""
         ids = input_ids.clamp(0, self.vocab_size - 1)
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=state.cache, use_cache=True)
+        out = self.model(
+            input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=state.cache, use_cache=True
+        )
         state.appended(ids.shape[1])
         return out.logits.float()

@@ -75,7 +75,9 @@ class SeqState:
     def num_slots(self) -> int:
         return self.committed.shape[1]
 
-    def attention_mask(self, intra: torch.Tensor, query_valid: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+    def attention_mask(
+        self, intra: torch.Tensor, query_valid: torch.Tensor, extra: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """4-D bool mask for ``Q`` new tokens appended after the current ``S`` slots.
 
         Args:

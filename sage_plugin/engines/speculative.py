@@ -85,7 +85,9 @@ class SpecEngine:
 
     # ------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, requests: list[GenRequest], params: SamplingParams, policy: TreePolicy | None = None) -> list[GenOutput]:
+    def generate(
+        self, requests: list[GenRequest], params: SamplingParams, policy: TreePolicy | None = None
+    ) -> list[GenOutput]:
         """Generate for a batch; timings of the call are in ``last_prefill_s`` / ``last_decode_s``."""
         if policy is not None and self.draft is None:
             raise ValueError("speculative decoding needs a draft model")
@@ -140,7 +142,7 @@ class SpecEngine:
         Returns, per row, whether the request is still active.
         """
         still = []
-        for row, (rid, toks, n) in enumerate(zip(ids, new_tokens.tolist(), counts.tolist())):
+        for rid, toks, n in zip(ids, new_tokens.tolist(), counts.tolist()):
             out = outputs[rid]
             for tok in toks[:n]:
                 out.tokens.append(tok)
@@ -160,7 +162,9 @@ class SpecEngine:
             one = torch.ones(bsz, 1, 1, dtype=torch.bool, device=self.device)
             qv = torch.ones(bsz, 1, dtype=torch.bool, device=self.device)
             s0 = tstate.num_slots
-            logits = self.target.forward(tstate, roots[:, None], tstate.next_pos[:, None], tstate.attention_mask(one, qv))
+            logits = self.target.forward(
+                tstate, roots[:, None], tstate.next_pos[:, None], tstate.attention_mask(one, qv)
+            )
             tstate.commit(torch.full((bsz, 1), s0, dtype=torch.int64, device=self.device))
             tstate.next_pos += 1
             for rid in ids:
@@ -190,10 +194,14 @@ class SpecEngine:
             qv = ar[None] < pend_len[:, None]
             s0 = dstate.num_slots
             causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril().expand(bsz, q, q)
-            logits = self.draft.forward(dstate, pending[:, :q], dstate.next_pos[:, None] + ar, dstate.attention_mask(causal, qv))
+            logits = self.draft.forward(
+                dstate, pending[:, :q], dstate.next_pos[:, None] + ar, dstate.attention_mask(causal, qv)
+            )
             dstate.commit(torch.where(qv, s0 + ar, -1))
             dstate.next_pos += pend_len
-            root_logprobs = torch.log_softmax(logits.gather(1, (pend_len - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))[:, 0], -1)
+            root_logprobs = torch.log_softmax(
+                logits.gather(1, (pend_len - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))[:, 0], -1
+            )
             root_slot = s0 + pend_len - 1
             # 2. tree expansion --------------------------------------------------------------
             plan = policy.plan(pstate, root_logprobs)
@@ -220,7 +228,11 @@ class SpecEngine:
                     (dstate.next_pos - 1 + level)[:, None].expand(-1, width),
                     dstate.attention_mask(eye, fvalid, extra),
                 )
-                slot_of.scatter_(1, torch.where(fvalid, fidx, policy.pool_capacity), torch.where(fvalid, s1 + torch.arange(width, device=dev), -1))
+                slot_of.scatter_(
+                    1,
+                    torch.where(fvalid, fidx, policy.pool_capacity),
+                    torch.where(fvalid, s1 + torch.arange(width, device=dev), -1),
+                )
                 logprobs = torch.log_softmax(logits, -1)
                 forwards += 1
             tree = policy.finalize(plan, pool)
@@ -283,8 +295,13 @@ class SpecEngine:
     @staticmethod
     def _log_round(outputs, ids, plan, tree, res: VerifyResult, forwards: int) -> None:
         cols = [
-            res.num_accepted.tolist(), (tree.num_nodes - 1).tolist(), tree.depths.max(1).values.tolist(),
-            plan.alpha.tolist(), plan.root_alpha.tolist(), plan.depth.tolist(), plan.width.tolist(),
+            res.num_accepted.tolist(),
+            (tree.num_nodes - 1).tolist(),
+            tree.depths.max(1).values.tolist(),
+            plan.alpha.tolist(),
+            plan.root_alpha.tolist(),
+            plan.depth.tolist(),
+            plan.width.tolist(),
         ]
         for rid, (tau, nodes, dep, a, ra, pd, pw) in zip(ids, zip(*cols)):
             outputs[rid].rounds.append(RoundLog(tau, nodes, dep, a, ra, pd, pw, forwards))

@@ -42,10 +42,24 @@ def test_bad_flag_is_one_clear_error(capsys):
 def test_bench_quick_shape(tmp_path, capsys):
     out = tmp_path / "bench.json"
     plots = tmp_path / "plots"
-    rc = main([
-        "bench", "--num-prompts", "2", "--max-new-tokens", "6", "--methods", ",".join(DEFAULT_METHODS),
-        "--warmup", "0", "--json", str(out), "--plots", str(plots), "--no-progress",
-    ])
+    rc = main(
+        [
+            "bench",
+            "--num-prompts",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--methods",
+            ",".join(DEFAULT_METHODS),
+            "--warmup",
+            "0",
+            "--json",
+            str(out),
+            "--plots",
+            str(plots),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     doc = json.loads(out.read_text())
     assert set(doc["methods"]) == set(DEFAULT_METHODS)
@@ -56,6 +70,10 @@ def test_bench_quick_shape(tmp_path, capsys):
     assert doc["methods"]["ar"]["tau"] == 1.0 and doc["methods"]["ar"]["speedup"] == 1.0
     assert doc["config"]["max_new_tokens"] == 6
     assert doc["config"]["draft"], "the draft in use must be stated"
-    assert sorted(p.name for p in plots.iterdir()) == ["alpha_calibration.png", "entropy_autocorrelation.png", "tau_by_method.png"]
+    assert sorted(p.name for p in plots.iterdir()) == [
+        "alpha_calibration.png",
+        "entropy_autocorrelation.png",
+        "tau_by_method.png",
+    ]
     table = capsys.readouterr().out
     assert "| sage |" in table and "speed-up vs ar" in table

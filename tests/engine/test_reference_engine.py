@@ -23,9 +23,16 @@ VOCAB = 128
 
 def _tiny(seed: int) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      attn_implementation="sdpa")
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        attn_implementation="sdpa",
+    )
     return LlamaForCausalLM(cfg).eval().requires_grad_(False)
 
 
@@ -45,7 +52,10 @@ def engine() -> SpecEngine:
 
 def _requests(n: int) -> list[GenRequest]:
     gen = torch.Generator().manual_seed(7)
-    return [GenRequest(torch.randint(0, VOCAB, (int(5 + 3 * i),), generator=gen).tolist(), request_id=str(i)) for i in range(n)]
+    return [
+        GenRequest(torch.randint(0, VOCAB, (int(5 + 3 * i),), generator=gen).tolist(), request_id=str(i))
+        for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -112,7 +122,9 @@ def test_plain_decoding_matches_hf_generate(engine):
     for req in _requests(3):
         ours = engine.generate([req], SamplingParams(max_new_tokens=25), None)[0].tokens
         ids = torch.tensor([req.prompt_ids])
-        hf = model.generate(ids, max_new_tokens=25, do_sample=False, eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:]
+        hf = model.generate(ids, max_new_tokens=25, do_sample=False, eos_token_id=None, pad_token_id=0)[
+            0, ids.shape[1] :
+        ]
         assert ours == hf.tolist()
 
 

@@ -35,7 +35,7 @@ def test_plain_decoding_matches_hf_generate(setup):
     for req, out in zip(reqs[:3], outs):
         ids = torch.tensor([req.prompt_ids])
         hf = target.model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=tok.eos_token_id)
-        assert out.tokens == hf[0, ids.shape[1]:].tolist()
+        assert out.tokens == hf[0, ids.shape[1] :].tolist()
 
 
 def test_every_policy_lossless_batch4_perfect_draft(setup):
