@@ -46,6 +46,11 @@ def _bench_parser(sub) -> None:
     )
     p.add_argument("--draft", default=None, help="HF draft dir (default: the shipped draft, else a stand-in)")
     p.add_argument(
+        "--draft-vlm",
+        default=None,
+        help="with --datasets vlm: a VLM draft dir (SpecVLM pruning at prune_ratio_image) instead of a text draft",
+    )
+    p.add_argument(
         "--standin-layers", type=int, default=4, help="layers of the target used as stand-in draft when none ships"
     )
     p.add_argument("--config", default=None, help="YAML with SAGE options (top-level or under 'sage:')")
@@ -104,7 +109,7 @@ def bench_main(args) -> int:
     num = args.num_prompts or (8 if args.quick else 20)
     max_new = args.max_new_tokens or (64 if args.quick else 128)
 
-    target_dir = Path(args.target) if args.target else ensure_smollm2(cache)
+    target_dir = ensure_smollm2(cache)
     if args.draft:
         draft_dir, draft_desc = Path(args.draft), f"{args.draft} (user-supplied)"
     elif bundled_draft_dir() is not None:
@@ -115,23 +120,32 @@ def bench_main(args) -> int:
             f"STAND-IN: first {args.standin_layers} layers of the target (no trained draft ships yet; "
             "tau and speed-ups are not representative of a real draft)"
         )
-    tok = load_tokenizer(target_dir)
-    engine = SpecEngine(TextAdapter(load_causal_lm(target_dir, device)), TextAdapter(load_causal_lm(draft_dir, device)))
-
-    if args.datasets == "mixed":
-        prompts = mixed_text_prompts(num)
+    if args.datasets == "vlm":
+        engine, requests, tok, target_desc, draft_desc = _vlm_setup(
+            args, base, target_dir, draft_dir, draft_desc, num, device, cache
+        )
     else:
-        names = args.datasets.split(",")
-        if "vlm" in names:
-            raise ConfigError("--datasets vlm needs a VLM target; the text bench takes mt_bench, gsm8k, humaneval")
-        per = -(-num // len(names))
-        prompts = [p for n in names for p in load_prompts(n, per)][:num]
-    requests = [GenRequest(render_chat(tok, p), request_id=p.id) for p in prompts]
+        if args.target:
+            target_dir = Path(args.target)
+        target_desc = str(target_dir)
+        tok = load_tokenizer(target_dir)
+        engine = SpecEngine(
+            TextAdapter(load_causal_lm(target_dir, device)), TextAdapter(load_causal_lm(draft_dir, device))
+        )
+        if args.datasets == "mixed":
+            prompts = mixed_text_prompts(num)
+        else:
+            names = args.datasets.split(",")
+            if "vlm" in names:
+                raise ConfigError("--datasets vlm cannot be mixed with text datasets in one run")
+            per = -(-num // len(names))
+            prompts = [p for n in names for p in load_prompts(n, per)][:num]
+        requests = [GenRequest(render_chat(tok, p), request_id=p.id) for p in prompts]
     params = SamplingParams(args.temperature, args.top_k, args.top_p, max_new, (tok.eos_token_id,), args.seed)
 
     print(
-        f"target: {target_dir}\ndraft:  {draft_desc}\ndevice: {device} ({platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} threads)\nprompts: {len(prompts)} x {max_new} new tokens, batch {args.batch_size}, "
+        f"target: {target_desc}\ndraft:  {draft_desc}\ndevice: {device} ({platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads)\nprompts: {len(requests)} x {max_new} new tokens, batch {args.batch_size}, "
         f"{'greedy' if args.temperature <= 0 else f'temperature {args.temperature}'}",
         flush=True,
     )
@@ -139,11 +153,11 @@ def bench_main(args) -> int:
     config = {
         "sage": base.to_dict(),
         "methods": {m.name: (m.config.to_dict() if m.config else None) for m in methods},
-        "target": str(target_dir),
+        "target": target_desc,
         "draft": draft_desc,
         "device": str(device),
         "threads": torch.get_num_threads(),
-        "num_prompts": len(prompts),
+        "num_prompts": len(requests),
         "max_new_tokens": max_new,
         "batch_size": args.batch_size,
         "temperature": args.temperature,
@@ -167,6 +181,39 @@ def bench_main(args) -> int:
         for path in write_plots(results, summary, Path(args.plots)):
             print(f"wrote {path}")
     return 0
+
+
+def _vlm_setup(
+    args, base: SageConfig, text_target_dir: Path, draft_dir: Path, draft_desc: str, num: int, device, cache
+):
+    """Engine and requests for the VLM image prompts.
+
+    Target: ``--target`` (a saved VLM) or SmolVLM whose text model is the real SmolLM2 (built
+    once, tiny random vision tower).  Draft: the text draft through ``TextDraftForVLM`` (visual
+    tokens removed from its prompt), or ``--draft-vlm`` with SpecVLM pruning at
+    ``prune_ratio_image``.
+    """
+    from .bench.prompts import load_prompts
+    from .engines.speculative import SpecEngine
+    from .engines.vlm import TextDraftForVLM, VLMAdapter, build_smolvlm, load_vlm, make_vlm_request
+    from .models import load_causal_lm
+
+    if args.target:
+        target_path, target_desc = Path(args.target), args.target
+    else:
+        target_path = build_smolvlm(text_target_dir, cache / "smolvlm-smollm2-135m")
+        target_desc = f"SmolVLM on the real SmolLM2-135M-Instruct text model, tiny random vision tower ({target_path})"
+    model, processor = load_vlm(target_path, device)
+    target = VLMAdapter(model, processor, role="target")
+    if args.draft_vlm:
+        dmodel, _ = load_vlm(args.draft_vlm, device)
+        draft = VLMAdapter(dmodel, processor, prune_ratio=base.prune_ratio_image, role="draft")
+        draft_desc = f"{args.draft_vlm} (VLM draft, {base.prune_ratio_image:.0%} of visual tokens pruned)"
+    else:
+        draft = TextDraftForVLM(load_causal_lm(draft_dir, device))
+        draft_desc = f"{draft_desc}; text-only draft, visual tokens removed from its prompt"
+    requests = [make_vlm_request(processor, p) for p in load_prompts("vlm", num)]
+    return SpecEngine(target, draft), requests, processor.tokenizer, target_desc, draft_desc
 
 
 def main(argv: list[str] | None = None) -> int:

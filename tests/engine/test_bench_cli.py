@@ -77,3 +77,30 @@ def test_bench_quick_shape(tmp_path, capsys):
     ]
     table = capsys.readouterr().out
     assert "| sage |" in table and "speed-up vs ar" in table
+
+
+@pytest.mark.slow
+def test_bench_vlm_prompts(tmp_path):
+    out = tmp_path / "vlm.json"
+    rc = main(
+        [
+            "bench",
+            "--datasets",
+            "vlm",
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "5",
+            "--methods",
+            "ar,sage",
+            "--warmup",
+            "0",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["methods"]["sage"]["exact_match"] == 1.0
+    assert "SmolVLM" in doc["config"]["target"] and "visual tokens removed" in doc["config"]["draft"]
