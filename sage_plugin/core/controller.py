@@ -82,12 +82,13 @@ def history_update(
     Returns:
         The new state.
 
-    >>> s = history_init(1, 2, 8)
+    >>> s, seen = history_init(1, 2, 8), []
     >>> for t in (4, 4, 4, 4, 1, 1):
     ...     s = history_update(s, torch.tensor([float(t)]), lo=2, hi=3, step=1, d_min=3, d_cap=10,
     ...                        full_window_cooldown=True)
-    ...     print(int(s.d_max), end=" ")
-    8 9 9 10 10 9
+    ...     seen.append(int(s.d_max))
+    >>> seen
+    [8, 9, 9, 10, 10, 9]
     """
     w = state.window.shape[1]
     window = torch.cat([state.window[:, 1:], tau.float()[:, None]], dim=1)
