@@ -1,0 +1,1 @@
+"""Runtime adapters that plug SAGE into serving engines (SGLang first)."""

@@ -1,0 +1,1 @@
+"""SGLang adapter for SAGE (``--speculative-algorithm sage``); registration lives here."""
