@@ -11,15 +11,6 @@ from sage_plugin.core.controller import HistoryState, history_init, history_upda
 from sage_plugin.core.reference import history_init_ref, history_update_ref
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors: intra-op threads only add wake-up latency on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @st.composite
 def controller_cases(draw):
     window = draw(st.integers(1, 5))

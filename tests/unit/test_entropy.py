@@ -13,15 +13,6 @@ from sage_plugin.core.entropy import topk_confidence, topk_entropy
 from sage_plugin.core.reference import topk_confidence_ref, topk_entropy_ref
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors: intra-op threads only add wake-up latency on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @st.composite
 def logit_batches(draw):
     """``([B, V] logits float64, k)`` with varied sharpness (some rows nearly one-hot)."""

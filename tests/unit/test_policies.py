@@ -29,13 +29,6 @@ from sage_plugin.core.verify import greedy_verify
 VOCAB = 24
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors: intra-op threads only add wake-up latency on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 SHARPNESS = (0.5, 1.0, 1.6, 2.4, 3.2)
 
 

@@ -176,13 +176,6 @@ def chi2_second_given_child(counts: Counter, probs: list[list[float]]) -> float:
     return chisquare(obs, exp, ddof=groups - 1).pvalue
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Small-inner-dim kernels: one thread is faster than two on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,6 @@ NS = "sage_test_sgl"
 SETTINGS = settings(max_examples=40, deadline=None)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors: intra-op threads only add wake-up latency on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def ops():

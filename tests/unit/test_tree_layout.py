@@ -23,15 +23,6 @@ from sage_plugin.core.tree import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors: intra-op threads only add wake-up latency on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @st.composite
 def ragged_parents(draw, max_batch=4, max_nodes=12):
     """A padded batch of random trees: ``(parents [B, N], depths [B, N], num_nodes [B], max_depth)``.

@@ -17,13 +17,6 @@ from sage_plugin.core.verify import greedy_verify, process_logits, sample_verify
 VOCAB = 12
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors: intra-op threads only add wake-up latency on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def make_tree(parents_rows, tokens_rows, width, max_depth=None):

@@ -35,12 +35,6 @@ N_PROMPTS = 4
 SP = SamplingParams(max_new_tokens=24, stop_token_ids=())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def _requests(processor, prompts):
