@@ -21,7 +21,7 @@ logger = logging.getLogger("sage_plugin")
 def _bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark SAGE against its baselines on bundled prompts")
     p.add_argument(
-        "--quick", action="store_true", help="small run: 8 text prompts x 64 tokens (< 10 min on 2 CPU cores)"
+        "--quick", action="store_true", help="small run: 6 text prompts x 64 tokens (about 7 min on 2 CPU cores)"
     )
     p.add_argument(
         "--methods",
@@ -33,7 +33,7 @@ def _bench_parser(sub) -> None:
         default="mixed",
         help="mixed (round-robin mt_bench/gsm8k/humaneval), or comma list of mt_bench,gsm8k,humaneval,vlm",
     )
-    p.add_argument("--num-prompts", type=int, default=None, help="prompts in total (default 20, quick 8)")
+    p.add_argument("--num-prompts", type=int, default=None, help="prompts in total (default 20, quick 6)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 128, quick 64")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples (lossless)")
@@ -106,7 +106,7 @@ def bench_main(args) -> int:
         else ("cpu" if args.device == "auto" else args.device)
     )
     cache = Path(args.cache_dir) if args.cache_dir else DEFAULT_CACHE_DIR
-    num = args.num_prompts or (8 if args.quick else 20)
+    num = args.num_prompts or (6 if args.quick else 20)
     max_new = args.max_new_tokens or (64 if args.quick else 128)
 
     target_dir = ensure_smollm2(cache)
