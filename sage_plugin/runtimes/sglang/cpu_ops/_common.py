@@ -1,0 +1,25 @@
+"""Small index helpers shared by :mod:`.cache_ops` and :mod:`.tree_ops` (torch only)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _long(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).to(torch.long)
+
+
+def _flat_out(t: torch.Tensor, name: str) -> torch.Tensor:
+    """A flat view that writes through to ``t`` (the C++ kernels require contiguous outputs too)."""
+    if not t.is_contiguous():
+        raise RuntimeError(f"{name} must be contiguous")
+    return t.view(-1)
+
+
+def _segments(start: torch.Tensor, end: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged ranges ``[start[b], end[b])`` flattened: ``(request id [T], column [T])``."""
+    lens = (end - start).clamp(min=0)
+    rows = torch.repeat_interleave(torch.arange(lens.numel()), lens)
+    first = torch.cumsum(lens, 0) - lens  # exclusive running sum: where each request's run begins
+    cols = torch.arange(rows.numel()) - first[rows] + start[rows]
+    return rows, cols
