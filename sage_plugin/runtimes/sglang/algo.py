@@ -1,0 +1,188 @@
+"""``SageSpecAlgo``: how SGLang 0.5.23's scheduler sees ``--speculative-algorithm sage``.
+
+SAGE runs STANDALONE-shaped: a separate draft model with its own embeddings and lm_head, no hidden
+states relayed from the target, and EAGLE's tree verify.  So every predicate answers like SGLang's
+built-in ``SpeculativeAlgorithm.STANDALONE`` (``is_standalone()`` True, ``is_eagle()`` False), which
+routes SAGE through the branches STANDALONE already takes (draft KV pool sizing, FutureMap top-k
+buffers, draft-extend without hidden states).  ``tests/integration/sglang/test_registration.py`` checks
+the predicates against STANDALONE's, and that every method the enum has exists here.
+
+Besides the predicates, SGLang calls four methods that ``CustomSpecAlgo`` lacks in 0.5.23
+(``patches/SGLANG_PLUGIN_RESEARCH.md`` §2b): ``create_future_map`` (scheduler), ``carries_draft_hidden_states``
+(scheduler), ``need_topk`` (overlap utils) and ``get_platform_worker_cls`` (adaptive params, create_worker).
+
+The two server-args callbacks run in the launcher during SGLang's resolution, on a recording
+stand-in of the ``ServerArgs`` record (plain attribute writes only; SGLang declares them):
+
+* :func:`validate_server_args` (first, on the operator's input): builds and validates the SageConfig
+  from the ``--sage-*`` flags; any bad value aborts the launch with one message naming the flag,
+  before any scheduler process starts.
+* :meth:`SageSpecAlgo.handle_server_args` (after SGLang's own resolution): derives topk, steps and the
+  number of draft tokens from the SageConfig (:func:`.args.spec_sizes`) and turns overlap scheduling off.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+from sage_plugin.config import ConfigError, SageConfig
+
+from .args import build_sage_config, spec_sizes
+from .hooks import sage_cli_of
+
+if TYPE_CHECKING:
+    import torch
+    from sglang.srt.managers.overlap_utils import FutureMap
+
+__all__ = ["SageSpecAlgo", "placeholder_worker_factory", "sage_config_of", "validate_server_args"]
+
+logger = logging.getLogger(__name__)
+
+#: Page sizes above 1 with a tree (topk > 1) need SGLang's two-pass cascade draft decode, which only
+#: these attention backends implement (the same check SGLang runs for EAGLE/STANDALONE).
+_PAGE_TREE_BACKENDS = ("flashinfer", "fa3", "triton")
+
+
+def sage_config_of(server_args: Any) -> SageConfig:
+    """The validated SageConfig of a launch: defaults < ``--sage-config`` file < ``--sage-*`` flags.
+
+    Works on the ``ServerArgs`` record in any SGLang process (the flags ride on it) and on SGLang's
+    resolution stand-in.
+
+    Raises:
+        ConfigError: a bad value, named by its flag.
+    """
+    return build_sage_config(sage_cli_of(server_args))
+
+
+def validate_server_args(server_args: Any) -> None:
+    """SGLang's ``validate_server_args`` callback: reject a SAGE launch SAGE cannot run, before it starts.
+
+    Runs in the launcher, before :meth:`SageSpecAlgo.handle_server_args`, on the operator's input (so
+    topk, steps and draft tokens are ``None`` unless given).  An exception here aborts
+    ``python -m sglang.launch_server`` with exit code 1 and its message, with no process left behind.
+
+    Raises:
+        ConfigError: a bad ``--sage-*`` value, an explicit SGLang draft size SAGE cannot use, or no draft model.
+    """
+    cfg = sage_config_of(server_args)
+    spec_sizes(
+        cfg,
+        topk=server_args.speculative_eagle_topk,
+        num_steps=server_args.speculative_num_steps,
+        num_draft_tokens=server_args.speculative_num_draft_tokens,
+    )
+    if server_args.speculative_draft_model_path is None:
+        raise ConfigError(
+            "--speculative-algorithm sage needs --speculative-draft-model-path: SAGE drafts with a separate "
+            "draft model (STANDALONE-style)"
+        )
+    defaults = SageConfig().to_dict()
+    changed = {k: v for k, v in cfg.to_dict().items() if v != defaults[k]}
+    logger.info("SAGE config: defaults%s", "" if not changed else f" with {changed}")
+
+
+class SageSpecAlgo(CustomSpecAlgo):
+    """The ``SAGE`` speculative algorithm as SGLang's scheduler, workers and resolution see it.
+
+    Predicates mirror ``SpeculativeAlgorithm.STANDALONE`` (a separate draft model, EAGLE's tree
+    verify).  ``supports_overlap`` is False for now (set at registration): :meth:`handle_server_args`
+    therefore turns overlap scheduling off on every device.
+    """
+
+    def is_standalone(self) -> bool:
+        return True
+
+    def need_topk(self) -> bool:
+        return True
+
+    def supports_grammar_overlap(self) -> bool:
+        # STANDALONE's answer: the EAGLE V2 verify path (grammar barrier included) is kept.
+        return True
+
+    def carries_draft_hidden_states(self) -> bool:
+        return False
+
+    def get_platform_worker_cls(self) -> type | None:
+        return None
+
+    def create_future_map(
+        self,
+        device: torch.device,
+        req_to_token_pool: Any,
+        needs_cpu_seq_lens: bool = True,
+        needs_confidence_relay: bool = False,
+    ) -> FutureMap:
+        from sglang.srt.managers.overlap_utils import FutureMap
+
+        return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
+
+    def handle_server_args(self, server_args: Any) -> None:
+        """Derive SGLang's draft sizes from the SageConfig; disable overlap and mixed chunks.
+
+        ``server_args`` is SGLang's recording stand-in: read through the resolving view, write with plain
+        attribute assignments (SGLang declares them as this algorithm's resolution).
+
+        * ``speculative_eagle_topk / num_steps / num_draft_tokens``: explicit SGLang flags win, unset ones
+          come from :func:`.args.spec_sizes` (topk = k capped at 10, steps = the deepest tree level,
+          draft tokens = the node budget + 1);
+        * ``max_running_requests`` defaults to 48, as for EAGLE/STANDALONE;
+        * ``disable_overlap_schedule``: always on, since SAGE registers ``supports_overlap=False`` for now
+          (on CPU SGLang has no speculative overlap at all);
+        * ``enable_mixed_chunk``: off (STANDALONE does not support it either).
+        """
+        cfg = sage_config_of(server_args)
+        sizes = spec_sizes(
+            cfg,
+            topk=server_args.speculative_eagle_topk,
+            num_steps=server_args.speculative_num_steps,
+            num_draft_tokens=server_args.speculative_num_draft_tokens,
+        )
+        if server_args.speculative_eagle_topk is None:
+            server_args.speculative_eagle_topk = sizes.topk
+        if server_args.speculative_num_steps is None:
+            server_args.speculative_num_steps = sizes.num_steps
+        if server_args.speculative_num_draft_tokens is None:
+            server_args.speculative_num_draft_tokens = sizes.num_draft_tokens
+        logger.info(
+            "SAGE draft sizes: --speculative-eagle-topk %d --speculative-num-steps %d --speculative-num-draft-tokens %d",
+            sizes.topk,
+            sizes.num_steps,
+            sizes.num_draft_tokens,
+        )
+        if server_args.max_running_requests is None:
+            server_args.max_running_requests = 48
+        if not server_args.disable_overlap_schedule and (server_args.device == "cpu" or not self.supports_overlap):
+            server_args.disable_overlap_schedule = True
+            logger.warning("SAGE: overlap scheduling disabled (not supported by the SAGE worker yet)")
+        if server_args.enable_mixed_chunk:
+            server_args.enable_mixed_chunk = False
+            logger.warning("SAGE: mixed chunked prefill disabled (not supported with a separate draft model)")
+        page_size = server_args.page_size
+        if sizes.topk > 1 and page_size is not None and page_size > 1:
+            backend = server_args.attention_backend
+            if backend not in _PAGE_TREE_BACKENDS:
+                raise ConfigError(
+                    f"--page-size > 1 with --speculative-algorithm sage (a tree, topk {sizes.topk}) needs "
+                    f"--attention-backend in {_PAGE_TREE_BACKENDS}; got page size {page_size} and {backend!r}"
+                )
+
+
+def placeholder_worker_factory(server_args: Any) -> type:
+    """PLACEHOLDER worker factory: returns SGLang's own ``StandaloneWorkerV2``, not a SAGE worker.
+
+    Until ``SageWorkerV2`` lands, ``--speculative-algorithm sage`` runs plain STANDALONE speculative
+    decoding: SGLang's EAGLE-2-style static beam tree of the sizes :meth:`SageSpecAlgo.handle_server_args`
+    derived, with no entropy-guided depth/width and no history controller.  It exists so the plugin
+    plumbing (registration, flags, server-args resolution, CPU ops) can be tested end to end.
+    """
+    from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
+
+    logger.warning(
+        "--speculative-algorithm sage: the SAGE worker is not implemented yet; running SGLang's STANDALONE "
+        "worker as a placeholder (static draft tree, no entropy adaptation)"
+    )
+    return StandaloneWorkerV2

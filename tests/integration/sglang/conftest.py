@@ -1,0 +1,87 @@
+"""Fixtures for the SGLang integration tier: they need the pinned SGLang (``/work/sgl-venv`` style venv).
+
+Every test module here starts with ``pytest.importorskip("sglang")``, so the tier skips in a venv
+without SGLang (CI's main venv).  This conftest imports no SGLang at module level for the same reason.
+
+Run: ``source .sglang-libcuda/env.sh && <sglang venv>/bin/python -m pytest -q tests/integration/sglang``
+(the ``env.sh`` sets ``SGLANG_USE_CPU_ENGINE=1`` and the libcuda path ``import sgl_kernel`` needs on a
+machine without an NVIDIA driver).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+#: The SmolLM2 target used as both target and (STANDALONE) draft in launch tests.
+TARGET_DIR = Path.home() / ".cache" / "sage_plugin" / "smollm2-135m-instruct-f32"
+RESULT_PREFIX = "RESULT "
+
+
+def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The test process's environment without SAGE_* variables (each test sets its own), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGE_")}
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.update(extra or {})
+    return env
+
+
+@pytest.fixture(scope="session")
+def run_python() -> Callable[..., dict[str, Any]]:
+    """Run a Python snippet in a fresh interpreter; it reports by printing ``RESULT <json>`` last.
+
+    Returns a callable ``run(code, env=None, timeout=240) -> dict`` (the JSON) that fails the test,
+    with the child's output, when the child exits non-zero or prints no result.
+    """
+
+    def run(code: str, env: dict[str, str] | None = None, timeout: float = 240) -> dict[str, Any]:
+        proc = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            cwd=REPO,
+            env=_clean_env(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+        if proc.returncode != 0 or not lines:
+            pytest.fail(
+                f"child exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+            )
+        return json.loads(lines[-1][len(RESULT_PREFIX) :])
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def sglang_plugins() -> None:
+    """SGLang's ``load_plugins()`` in this process (once): the SAGE hooks are applied, SAGE is registered."""
+    pytest.importorskip("sglang")
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+
+
+@pytest.fixture(scope="session")
+def target_dir() -> Path:
+    if not (TARGET_DIR / "config.json").exists():
+        pytest.skip(f"SmolLM2 target not found at {TARGET_DIR} (tools/setup.sh downloads it)")
+    return TARGET_DIR
+
+
+@pytest.fixture(scope="session")
+def launch_env() -> dict[str, str]:
+    """Environment for a real ``sglang.launch_server`` child; skips where SGLang cannot run at all."""
+    import torch
+
+    if not torch.cuda.is_available() and os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
+        pytest.skip("no CUDA and SGLANG_USE_CPU_ENGINE is not 1: source .sglang-libcuda/env.sh first")
+    return _clean_env()

@@ -1,0 +1,273 @@
+"""``--sage-*`` flags through SGLang's real parser: types, precedence, YAML files, errors, resolution.
+
+Runs in this process after ``load_plugins()`` (fixture ``sglang_plugins``): the hooks are applied to
+``ServerArgs`` exactly as in ``python -m sglang.launch_server``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pickle
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sglang.srt.arg_groups.overrides import record_foreign_defaults, resolving_view  # noqa: E402
+from sglang.srt.server_args import ServerArgs, prepare_server_args  # noqa: E402
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
+
+from sage_plugin.config import ConfigError, SageConfig  # noqa: E402
+from sage_plugin.runtimes.sglang.algo import sage_config_of, validate_server_args  # noqa: E402
+from sage_plugin.runtimes.sglang.args import FLAGS, SageCliArgs, flag_name  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[3]
+REFERENCE_YAML = REPO / "engine_configs" / "reference" / "smollm2_cpu_sage.yaml"
+BASE = ["--model-path", "target", "--speculative-algorithm", "sage", "--speculative-draft-model-path", "draft"]
+
+pytestmark = pytest.mark.usefixtures("sglang_plugins")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(p)
+    return p
+
+
+def record(*argv: str, base: list[str] = BASE) -> ServerArgs:
+    return ServerArgs.from_cli_args(parser().parse_args([*base, *argv]))
+
+
+def config(*argv: str) -> SageConfig:
+    return sage_config_of(record(*argv))
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# -- the generated flags ----------------------------------------------------------------------------
+
+
+def test_one_flag_per_field_in_help():
+    help_text = parser().format_help()
+    assert "SAGE speculative decoding (--speculative-algorithm sage)" in help_text
+    fields = [f.name for f in dataclasses.fields(SageConfig)]
+    assert [f.field for f in FLAGS] == fields
+    for name in fields:
+        assert flag_name(name) in help_text
+    assert "--sage-config" in help_text
+
+
+def test_no_flags_means_defaults():
+    sa = record()
+    assert sa._sage_cli == SageCliArgs()
+    assert sage_config_of(sa) == SageConfig()
+
+
+def test_typed_values():
+    cfg = config(
+        "--sage-w-max", "6",
+        "--sage-theta0", "0.25",
+        "--sage-use-history", "false",
+        "--sage-keep-top1", "False",
+        "--sage-first-round-static", "true",
+        "--sage-policy", "eagle2",
+        "--sage-history-cooldown", "none",
+    )  # fmt: skip
+    assert (cfg.w_max, cfg.theta0, cfg.use_history, cfg.keep_top1) == (6, 0.25, False, False)
+    assert (cfg.first_round_static, cfg.policy, cfg.history_cooldown) == (True, "eagle2", "none")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--sage-static-tree", "[[0], [1], [0, 0]]"], ["--sage-static-tree", "[0]", "[1]", "[0,0]"]],
+    ids=["one-json-tree", "one-json-path-per-value"],
+)
+def test_static_tree_json(argv):
+    assert config(*argv).static_tree == ((0,), (1,), (0, 0))
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--sage-w-max", "abc"], "argument --sage-w-max: invalid int value: 'abc'"),
+        (["--sage-use-history", "maybe"], "argument --sage-use-history: expected true or false, got 'maybe'"),
+        (["--sage-static-tree", "[[0]"], "argument --sage-static-tree: expected JSON"),
+    ],
+)
+def test_unparsable_values_are_argparse_errors(argv, expected, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parser().parse_args([*BASE, *argv])
+    assert exc.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+# -- precedence: defaults < --sage-config < --sage-* ---------------------------------------------
+
+
+def test_sage_config_file_then_flags(tmp_path):
+    path = write(tmp_path, "sage.yaml", "sage:\n  w_max: 6\n  d_max: 5\n  theta0: 0.3\n")
+    cfg = config("--sage-config", str(path), "--sage-w-max", "7")
+    assert (cfg.w_max, cfg.d_max, cfg.theta0, cfg.k) == (7, 5, 0.3, SageConfig().k)
+
+
+def test_sage_config_file_without_section(tmp_path):
+    path = write(tmp_path, "flat.yaml", "d_max: 4\nuse_history: false\n")
+    cfg = config("--sage-config", str(path))
+    assert (cfg.d_max, cfg.use_history) == (4, False)
+
+
+def test_reference_config_file():
+    assert config("--sage-config", str(REFERENCE_YAML)) == SageConfig.from_yaml(REFERENCE_YAML)
+
+
+def test_merged_config_is_validated_once(tmp_path):
+    """A file valid only with the flags (d_max 12 needs d_cap >= 12) is accepted: merge, then validate."""
+    path = write(tmp_path, "deep.yaml", "sage:\n  d_max: 12\n")
+    assert config("--sage-config", str(path), "--sage-d-cap", "12").d_max == 12
+
+
+def test_relative_config_path_is_made_absolute(tmp_path, monkeypatch):
+    write(tmp_path, "rel.yaml", "sage:\n  k: 8\n  w_max: 8\n")
+    monkeypatch.chdir(tmp_path)
+    sa = record("--sage-config", "rel.yaml")
+    assert sa._sage_cli.config_path == str(tmp_path / "rel.yaml")
+    monkeypatch.chdir(REPO)  # a subprocess with another cwd still finds it
+    assert sage_config_of(sa).k == 8
+
+
+def test_sglang_config_yaml_with_dash_keys(tmp_path):
+    """SGLang's own --config YAML: dash keys become --sage-* flags, the command line wins over them."""
+    sage_file = write(tmp_path, "sage.yaml", "sage:\n  theta0: 0.3\n  w_max: 5\n")
+    sgl = write(
+        tmp_path,
+        "sglang.yaml",
+        f"sage-config: {sage_file}\nsage-w-max: 6\nsage-d-max: 5\nsage-use-history: false\n"
+        "sage-static-tree: [[0], [1], [0, 0]]\n",
+    )
+    sa = prepare_server_args(["--config", str(sgl), *BASE, "--sage-d-max", "7"])
+    cfg = sage_config_of(sa)
+    assert (cfg.theta0, cfg.w_max, cfg.d_max, cfg.use_history) == (0.3, 6, 7, False)
+    assert cfg.static_tree == ((0,), (1,), (0, 0))
+
+
+def test_sglang_config_yaml_underscore_keys_are_rejected(tmp_path):
+    """Like every SGLang key, sage keys must use dashes (SGLang passes the raw key as the flag)."""
+    sgl = write(tmp_path, "sglang.yaml", "sage_w_max: 6\n")
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--config", str(sgl), *BASE])
+
+
+# -- validation: one message naming the flag ----------------------------------------------------
+
+
+def validate(sa: ServerArgs) -> None:
+    """Run validate_server_args the way SGLang's resolution does (on its recording stand-in)."""
+    record_foreign_defaults(sa, "test.validate", validate_server_args)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sage-w-max", "99"], "--sage-w-max must be an integer in [2, 10] (--sage-w-min <= --sage-w-max <= --sage-k), got 99"),
+        (["--sage-d-max", "12"], "--sage-d-cap must be an integer in [12, 64] (--sage-d-max <= --sage-d-cap: raise --sage-d-cap together with --sage-d-max), got 10"),
+        (["--sage-policy", "beam"], "--sage-policy must be one of sage, eagle2, static, chain; got 'beam'"),
+        (["--sage-theta0", "1.5"], "--sage-theta0 must be a number in [0.0, 1.0], got 1.5"),
+        (["--sage-static-tree", "[[0], [0, 0, 1], [0, 1]]"], "--sage-static-tree: path [0, 0, 1] has no parent path [0, 0]"),
+        (["--speculative-eagle-topk", "1"], "--speculative-eagle-topk must be >= 2 with --speculative-algorithm sage"),
+        (["--speculative-num-draft-tokens", "999"], "--speculative-num-draft-tokens must be in [2, "),
+    ],
+)  # fmt: skip
+def test_bad_values_name_the_flag(argv, message):
+    with pytest.raises(ConfigError) as exc:
+        validate(record(*argv))
+    assert str(exc.value).startswith(message), str(exc.value)
+
+
+def test_bad_file_value_names_the_file(tmp_path):
+    path = write(tmp_path, "bad.yaml", "sage:\n  w_max: 99\n")
+    with pytest.raises(ConfigError) as exc:
+        validate(record("--sage-config", str(path)))
+    assert str(exc.value) == (
+        "--sage-w-max must be an integer in [2, 10] (--sage-w-min <= --sage-w-max <= --sage-k), got 99"
+        f" (value from --sage-config {path})"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("sage:\n  w_mx: 3\n", "unknown SAGE option(s): w_mx (known: "),
+        ("sage: [1, 2]\n", "expected a mapping of SageConfig fields, got list"),
+        ("sage: {\n", "not valid YAML"),
+    ],
+)
+def test_bad_config_file(tmp_path, text, message):
+    path = write(tmp_path, "bad.yaml", text)
+    with pytest.raises(ConfigError) as exc:
+        validate(record("--sage-config", str(path)))
+    assert str(exc.value).startswith(f"--sage-config {path}: {message}"), str(exc.value)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"--sage-config .*missing\.yaml: cannot read the file"):
+        validate(record("--sage-config", str(tmp_path / "missing.yaml")))
+
+
+def test_draft_model_is_required():
+    sa = record(base=["--model-path", "target", "--speculative-algorithm", "sage"])
+    with pytest.raises(ConfigError, match="needs --speculative-draft-model-path"):
+        validate(sa)
+
+
+def test_flags_without_sage_warn(caplog):
+    with caplog.at_level("WARNING", logger="sage_plugin"):
+        record("--sage-w-max", "4", base=["--model-path", "target"])
+    assert "--sage-* flags are ignored: --speculative-algorithm is None, not sage" in caplog.text
+
+
+# -- the record carries the flags; handle_server_args derives SGLang's sizes -----------------------
+
+
+def test_flags_survive_pickling():
+    """Schedulers are spawned with a pickled record: the flags must come along."""
+    sa = record("--sage-w-max", "4", "--sage-static-tree", "[[0]]")
+    clone = pickle.loads(pickle.dumps(sa))
+    assert clone._sage_cli == sa._sage_cli
+    assert sage_config_of(clone).w_max == 4
+
+
+def resolved(sa: ServerArgs):
+    algo = SpeculativeAlgorithm.from_string("sage")
+    record_foreign_defaults(sa, "test.handle", algo.handle_server_args)
+    return resolving_view(sa)
+
+
+def test_handle_server_args_defaults():
+    view = resolved(record("--device", "cpu"))
+    assert (view.speculative_eagle_topk, view.speculative_num_steps, view.speculative_num_draft_tokens) == (10, 10, 65)
+    assert view.disable_overlap_schedule is True
+    assert view.max_running_requests == 48
+
+
+def test_handle_server_args_follows_the_config():
+    view = resolved(record("--sage-k", "4", "--sage-w-max", "4", "--sage-use-history", "false", "--sage-d-max", "6",
+                           "--sage-first-round-static", "false", "--sage-n-max", "20"))  # fmt: skip
+    assert (view.speculative_eagle_topk, view.speculative_num_steps, view.speculative_num_draft_tokens) == (4, 6, 21)
+
+
+def test_explicit_sglang_sizes_win():
+    view = resolved(record("--speculative-eagle-topk", "2", "--speculative-num-steps", "3",
+                           "--speculative-num-draft-tokens", "4", "--max-running-requests", "8"))  # fmt: skip
+    assert (view.speculative_eagle_topk, view.speculative_num_steps, view.speculative_num_draft_tokens) == (2, 3, 4)
+    assert view.max_running_requests == 8
+
+
+def test_derived_draft_tokens_are_capped_by_the_beam():
+    view = resolved(record("--speculative-eagle-topk", "2", "--speculative-num-steps", "3"))
+    assert view.speculative_num_draft_tokens == 2 + 2 * 2 * 2 + 1

@@ -1,0 +1,76 @@
+"""Contract test: every SGLang symbol SAGE hooks or calls still exists in the installed SGLang, as assumed.
+
+SGLang only *logs* an unresolvable hook target, so a renamed target would silently drop the ``--sage-*``
+flags; this test makes it loud.  Each hook target must also be documented in ``patches/INDEX.md``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sage_plugin.compat import SGLANG_VERSION  # noqa: E402
+from sage_plugin.runtimes.sglang.hooks import ADD_CLI_ARGS, FROM_CLI_ARGS, HOOK_TARGETS  # noqa: E402
+
+INDEX = Path(__file__).resolve().parents[3] / "patches" / "INDEX.md"
+
+#: Hook target -> (decorator kind on the class, parameters of the original function).
+HOOK_SHAPES = {
+    ADD_CLI_ARGS: (staticmethod, ["parser"]),
+    FROM_CLI_ARGS: (classmethod, ["cls", "args"]),
+}
+
+#: Upstream symbols the adapter calls or subclasses (not hooked, but pinned by the same version).
+USED_SYMBOLS = [
+    "sglang.srt.plugins.load_plugins",
+    "sglang.srt.plugins.hook_registry.HookRegistry.register",
+    "sglang.srt.plugins.hook_registry.HookRegistry._hooks",  # private: install_hooks() checks it for duplicates
+    "sglang.srt.plugins.hook_registry.HookType.AROUND",
+    "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.register",
+    "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.from_string",
+    "sglang.srt.speculative.spec_registry.CustomSpecAlgo",
+    "sglang.srt.managers.overlap_utils.FutureMap",
+    "sglang.srt.utils.common.is_cpu",
+]
+
+
+def _resolve(path: str):
+    module, _, attr = path.rpartition(".")
+    return getattr(pkgutil.resolve_name(module), attr)
+
+
+def test_hook_table_covers_every_hook():
+    assert set(HOOK_SHAPES) == set(HOOK_TARGETS)
+
+
+@pytest.mark.parametrize("target", HOOK_TARGETS)
+def test_hook_target_exists_with_the_assumed_shape(target):
+    owner_path, _, name = target.rpartition(".")
+    owner = pkgutil.resolve_name(owner_path)
+    kind, params = HOOK_SHAPES[target]
+    raw = vars(owner)[name]  # before the descriptor protocol: staticmethod / classmethod
+    assert isinstance(raw, kind), f"{target} is no longer a {kind.__name__}"
+    original = inspect.unwrap(raw.__func__)  # past a HookRegistry wrapper, if applied in this process
+    assert list(inspect.signature(original).parameters) == params
+
+
+@pytest.mark.parametrize("path", USED_SYMBOLS)
+def test_used_symbol_exists(path):
+    assert _resolve(path) is not None
+
+
+def test_placeholder_worker_class_exists():
+    pytest.importorskip("sgl_kernel")
+    assert inspect.isclass(_resolve("sglang.srt.speculative.standalone_worker_v2.StandaloneWorkerV2"))
+
+
+@pytest.mark.parametrize("target", HOOK_TARGETS)
+def test_hook_documented_in_patch_index(target):
+    text = INDEX.read_text()
+    assert f"`{target}`" in text, f"patches/INDEX.md has no entry for {target}"
+    assert f"sglang=={SGLANG_VERSION}" in text
