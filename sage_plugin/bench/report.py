@@ -19,7 +19,7 @@ def _hist(values: list, bins: list[float] | None = None) -> dict[str, int]:
             if lo <= v < hi or (hi == bins[-1] and v == hi):
                 counts[f"{lo:.1f}-{hi:.1f}"] += 1
                 break
-    return dict(counts)
+    return {key: counts[key] for key in sorted(counts)}
 
 
 def summarize(results: dict[str, MethodResult], config: dict) -> dict:
