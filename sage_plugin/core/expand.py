@@ -102,16 +102,16 @@ class Candidates:
     codes: torch.Tensor
 
 
-def new_pool(
-    root_tokens: torch.Tensor, root_logprobs: torch.Tensor, capacity: int, k: int
-) -> tuple[DraftPool, Frontier]:
+def new_pool(root_tokens: torch.Tensor, capacity: int, k: int) -> tuple[DraftPool, Frontier]:
     """Start a round: a pool holding only the roots, and a frontier of the roots.
+
+    The root's own confidence and top-k (``conf``, ``topk_logp``) are filled by :func:`propose`
+    at level 1, where the root is the frontier.
 
     Args:
         root_tokens: ``[B]`` int64.
-        root_logprobs: ``[B, V]`` draft log-probabilities after the root (for its confidence).
         capacity: pool capacity ``P`` (root included).
-        k: top-k used for confidences.
+        k: top-k size of the per-node ``topk_logp`` rows.
     """
     bsz = root_tokens.shape[0]
     dev = root_tokens.device
@@ -138,8 +138,6 @@ def new_pool(
     for name in ("logp", "logp_topk", "joint", "joint_topk"):
         getattr(pool, name)[:, 0] = 0.0
     pool.codes[:, 0] = 0
-    pool.conf[:, 0] = topk_confidence(root_logprobs, k)
-    pool.topk_logp[:, 0] = torch.topk(root_logprobs.float(), k, dim=-1).values
     return pool, Frontier(torch.zeros(bsz, 1, dtype=torch.int64, device=dev))
 
 

@@ -4,7 +4,7 @@ A policy turns live draft probabilities into a draft tree, level by level, insid
 (see :mod:`sage_plugin.core.expand` for the pool/frontier machinery).  The runtime drives it::
 
     plan = policy.plan(state, root_logprobs)                 # once per round, per request D/W
-    pool, frontier = new_pool(root_tokens, root_logprobs, policy.pool_capacity, policy.k)
+    pool, frontier = new_pool(root_tokens, policy.pool_capacity, policy.k)
     logprobs = root_logprobs[:, None]
     for level in range(1, policy.max_depth + 1):
         frontier = policy.step(plan, pool, frontier, logprobs, level)
@@ -392,9 +392,7 @@ class SagePolicy(_Base):
         plan = RoundPlan(depth, width, alpha, alpha, torch.zeros_like(alpha, dtype=torch.bool))
         root = pool.topk_logp[:, 0]  # [B, K] sorted: as a k-token "vocabulary", token id = rank
         expanded = ~torch.isnan(pool.conf)
-        vpool, front = new_pool(
-            torch.zeros(bsz, dtype=torch.int64, device=alpha.device), root, self.pool_capacity, self.k
-        )
+        vpool, front = new_pool(torch.zeros(bsz, dtype=torch.int64, device=alpha.device), self.pool_capacity, self.k)
         logprobs = root[:, None]
         for level in range(1, self.cfg.d_cap + 1):
             cand = propose(vpool, front, logprobs, self.k, level)

@@ -205,7 +205,7 @@ class SpecEngine:
             root_slot = s0 + pend_len - 1
             # 2. tree expansion --------------------------------------------------------------
             plan = policy.plan(pstate, root_logprobs)
-            pool, frontier = new_pool(roots, root_logprobs, policy.pool_capacity, policy.k)
+            pool, frontier = new_pool(roots, policy.pool_capacity, policy.k)
             slot_of = torch.full((bsz, policy.pool_capacity + 1), -1, dtype=torch.int64, device=dev)
             slot_of[:, 0] = root_slot
             logprobs = root_logprobs[:, None]

@@ -130,7 +130,7 @@ def run_fast(cfg: SageConfig, world: World, reqs, rounds: int, starts=None) -> d
         ctxs = [(r, done[r], roots[r]) for r in active]
         root_lp = torch.stack([world.draft_logprobs(c, ()) for c in ctxs])
         plan = pol.plan(st_, root_lp)
-        pool, fr = new_pool(torch.tensor([roots[r] for r in active]), root_lp, pol.pool_capacity, pol.k)
+        pool, fr = new_pool(torch.tensor([roots[r] for r in active]), pol.pool_capacity, pol.k)
         lp = root_lp[:, None]
         for level in range(1, pol.max_depth + 1):
             fr = pol.step(plan, pool, fr, lp, level)
@@ -168,13 +168,27 @@ def run_fast(cfg: SageConfig, world: World, reqs, rounds: int, starts=None) -> d
             tau = int(res.num_accepted[b])
             fields = ("tokens", "parents", "depths", "draft_logp", "ranks", "node_conf")
             raw = {f: getattr(tree, f)[b].clone() for f in fields}
-            raw.update(num_nodes=nn[b], root_conf=conf_l[b][0], first_round=bool(plan.first_round[b]),
-                       plan_depth=int(plan.depth[b]), root=roots[r], max_depth=tree.max_depth)
-            out[r].append(Round(
-                depth=int(plan.depth[b]), width=int(plan.width[b]), nodes=nodes, order=paths[1:], tau=tau,
-                emitted=res.emitted[b, : tau + 1].tolist(), d_max_next=int(new.history.d_max[b]),
-                alpha_next=float(new.alpha[b]), raw=raw,
-            ))
+            raw.update(
+                num_nodes=nn[b],
+                root_conf=conf_l[b][0],
+                first_round=bool(plan.first_round[b]),
+                plan_depth=int(plan.depth[b]),
+                root=roots[r],
+                max_depth=tree.max_depth,
+            )
+            out[r].append(
+                Round(
+                    depth=int(plan.depth[b]),
+                    width=int(plan.width[b]),
+                    nodes=nodes,
+                    order=paths[1:],
+                    tau=tau,
+                    emitted=res.emitted[b, : tau + 1].tolist(),
+                    d_max_next=int(new.history.d_max[b]),
+                    alpha_next=float(new.alpha[b]),
+                    raw=raw,
+                )
+            )
             states[r] = new.index(torch.tensor([b]))
             roots[r] = int(res.bonus[b])
             done[r] += 1
@@ -188,16 +202,33 @@ def run_ref(cfg: SageConfig, world: World, req: int, rounds: int):
     out = []
     for rnd in range(rounds):
         ctx = (req, rnd, root)
-        tree = build_tree_ref(cfg, root, world.draft_probs(ctx, ()), lambda p, c=ctx: world.draft_probs(c, p),
-                              state.alpha, state.history.d_max, state.first_round)
+        tree = build_tree_ref(
+            cfg,
+            root,
+            world.draft_probs(ctx, ()),
+            lambda p, c=ctx: world.draft_probs(c, p),
+            state.alpha,
+            state.history.d_max,
+            state.first_round,
+        )
         if tree.ambiguous():
             return out, tree.margin_where
         am = [world.target_argmax(ctx, n.path) for n in tree.nodes]
         path, tau, bonus, emitted = greedy_verify_ref(tree.tokens, tree.parents, am)
         state = observe_ref(cfg, state, tree, path, tau)
         nodes = {n.path: (n.rank, math.log(n.prob), n.conf, n.depth) for n in tree.nodes[1:]}
-        out.append(Round(tree.depth, tree.width, nodes, [n.path for n in tree.nodes[1:]], tau, emitted,
-                         state.history.d_max, state.alpha))
+        out.append(
+            Round(
+                tree.depth,
+                tree.width,
+                nodes,
+                [n.path for n in tree.nodes[1:]],
+                tau,
+                emitted,
+                state.history.d_max,
+                state.alpha,
+            )
+        )
         root = bonus
     return out, None
 
@@ -247,8 +278,7 @@ def compare(fast: list, ref: list, tag=""):
         assert f.alpha_next == pytest.approx(r.alpha_next, abs=2e-5), where
 
 
-def check_policy(cfg: SageConfig, seed: int, rounds: int = 4, nreq: int = 3, single: bool = True,
-                 sparse: float = 0.0):
+def check_policy(cfg: SageConfig, seed: int, rounds: int = 4, nreq: int = 3, single: bool = True, sparse: float = 0.0):
     world = World(seed, sparse=sparse)
     reqs = list(range(nreq))
     fast = run_fast(cfg, world, reqs, rounds, starts=list(range(nreq)))
@@ -298,8 +328,12 @@ SAGE_VARIANTS = {
 
 @pytest.mark.parametrize("variant", sorted(SAGE_VARIANTS))
 @settings(max_examples=8, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), k=st.sampled_from([4, 6, 10]), n_max=st.integers(3, 40),
-       theta0=st.sampled_from([0.0, 0.02, 0.1, 0.3]))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    k=st.sampled_from([4, 6, 10]),
+    n_max=st.integers(3, 40),
+    theta0=st.sampled_from([0.0, 0.02, 0.1, 0.3]),
+)
 def test_sage_matches_reference(variant, seed, k, n_max, theta0):
     cfg = SageConfig(**SAGE_BASE, **SAGE_VARIANTS[variant], k=k, w_min=min(2, k), w_max=k, n_max=n_max, theta0=theta0)
     check_policy(cfg, seed, single=variant in ("default", "budget_parent_order"))
@@ -312,8 +346,9 @@ def test_sage_d_max_moves_and_first_round_is_static():
     for r in fast:
         first = fast[r][0]
         assert first.raw["first_round"] and first.depth == 5
-        assert sorted(choices_from_tree(first.raw["parents"].tolist(), first.raw["ranks"].tolist())[: 25]) == sorted(
-            list(p) for p in MC_SIM_7B_63)
+        assert sorted(choices_from_tree(first.raw["parents"].tolist(), first.raw["ranks"].tolist())[:25]) == sorted(
+            list(p) for p in MC_SIM_7B_63
+        )
         assert not any(rd.raw["first_round"] for rd in fast[r][1:])
     assert len({rd.d_max_next for r in fast for rd in fast[r]}) > 1, "the controller never moved D_max"
 
@@ -326,8 +361,15 @@ def test_sage_d_max_moves_and_first_round_is_static():
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), k=st.sampled_from([3, 4, 6]), depth=st.integers(1, 5), total=st.integers(1, 40))
 def test_eagle2_matches_reference(seed, k, depth, total):
-    cfg = SageConfig(policy="eagle2", k=k, w_min=2, w_max=k, eagle_depth=depth, eagle_total_tokens=total,
-                     static_tree=((0,), (1,), (0, 0)))
+    cfg = SageConfig(
+        policy="eagle2",
+        k=k,
+        w_min=2,
+        w_max=k,
+        eagle_depth=depth,
+        eagle_total_tokens=total,
+        static_tree=((0,), (1,), (0, 0)),
+    )
     check_policy(cfg, seed, rounds=2)
 
 
@@ -346,7 +388,7 @@ def test_chain_matches_reference(seed, depth):
     for r in fast:
         for rd in fast[r]:
             assert rd.raw["num_nodes"] == depth + 1
-            assert rd.raw["ranks"][1: depth + 1].tolist() == [0] * depth
+            assert rd.raw["ranks"][1 : depth + 1].tolist() == [0] * depth
 
 
 @settings(max_examples=5, deadline=None)
@@ -359,7 +401,8 @@ def test_static_matches_reference_and_is_mc_sim_7b_63(seed):
             dep = rd.raw["depths"].tolist()
             assert [dep.count(d) for d in range(1, 6)] == [4, 8, 8, 3, 2]
             assert choices_from_tree(rd.raw["parents"].tolist(), rd.raw["ranks"].tolist()) == sorted(
-                [list(p) for p in MC_SIM_7B_63], key=lambda p: (len(p), p))
+                [list(p) for p in MC_SIM_7B_63], key=lambda p: (len(p), p)
+            )
 
 
 def test_static_custom_tree():
@@ -369,7 +412,8 @@ def test_static_custom_tree():
     for r in fast:
         for rd in fast[r]:
             assert choices_from_tree(rd.raw["parents"].tolist(), rd.raw["ranks"].tolist()) == sorted(
-                [list(p) for p in choices], key=lambda p: (len(p), p))
+                [list(p) for p in choices], key=lambda p: (len(p), p)
+            )
 
 
 @pytest.mark.parametrize("policy", ["sage", "eagle2", "static", "chain"])
@@ -378,9 +422,23 @@ def test_static_custom_tree():
 def test_zero_probability_candidates(policy, seed, n_max):
     """Draft distributions with fewer than k tokens of positive probability: impossible tokens are
     never candidates (the static topology then loses the missing rank paths)."""
-    cfg = SageConfig(policy=policy, k=6, w_max=6, n_max=n_max, theta0=0.0, d_min=2, d_max=4, d_cap=5,
-                     history_window=2, history_lo=1.0, history_hi=2.0, eagle_depth=4, eagle_total_tokens=n_max,
-                     chain_depth=5, static_tree=((0,), (1,), (2,), (0, 0), (0, 5), (1, 0), (0, 0, 0), (0, 0, 3)))
+    cfg = SageConfig(
+        policy=policy,
+        k=6,
+        w_max=6,
+        n_max=n_max,
+        theta0=0.0,
+        d_min=2,
+        d_max=4,
+        d_cap=5,
+        history_window=2,
+        history_lo=1.0,
+        history_hi=2.0,
+        eagle_depth=4,
+        eagle_total_tokens=n_max,
+        chain_depth=5,
+        static_tree=((0,), (1,), (2,), (0, 0), (0, 5), (1, 0), (0, 0, 0), (0, 0, 3)),
+    )
     fast, _ = check_policy(cfg, seed, rounds=3, single=policy == "sage", sparse=0.4)
     for r in fast:
         for rd in fast[r]:
@@ -416,8 +474,9 @@ def _example_world():
 
 def test_policies_docstring_worked_example():
     names, t, probs = _example_world()
-    cfg = SageConfig(policy="sage", k=4, d_min=2, d_max=2, w_min=2, w_max=2, theta0=0.1, use_history=False,
-                     first_round_static=False)
+    cfg = SageConfig(
+        policy="sage", k=4, d_min=2, d_max=2, w_min=2, w_max=2, theta0=0.1, use_history=False, first_round_static=False
+    )
     expected = {("a",), ("b",), ("a", "e"), ("b", "g")}
     # reference
     ref = build_tree_ref(cfg, 0, probs(()), probs, 0.5, 2, True)
@@ -430,7 +489,7 @@ def test_policies_docstring_worked_example():
     root_lp = torch.log(torch.tensor([probs(())]))
     plan = pol.plan(st_, root_lp)
     assert (int(plan.depth[0]), int(plan.width[0])) == (2, 2)
-    pool, fr = new_pool(torch.tensor([11]), root_lp, pol.pool_capacity, pol.k)
+    pool, fr = new_pool(torch.tensor([11]), pol.pool_capacity, pol.k)
     lp = root_lp[:, None]
     for level in range(1, pol.max_depth + 1):
         fr = pol.step(plan, pool, fr, lp, level)
