@@ -90,6 +90,7 @@ def bench_main(args) -> int:
     from .models import (
         DEFAULT_CACHE_DIR,
         bundled_draft_dir,
+        draft_head_ids,
         ensure_smollm2,
         load_causal_lm,
         load_tokenizer,
@@ -130,7 +131,8 @@ def bench_main(args) -> int:
         target_desc = str(target_dir)
         tok = load_tokenizer(target_dir)
         engine = SpecEngine(
-            TextAdapter(load_causal_lm(target_dir, device)), TextAdapter(load_causal_lm(draft_dir, device))
+            TextAdapter(load_causal_lm(target_dir, device)),
+            TextAdapter(load_causal_lm(draft_dir, device), draft_head_ids(draft_dir)),
         )
         if args.datasets == "mixed":
             prompts = mixed_text_prompts(num)
@@ -196,7 +198,7 @@ def _vlm_setup(
     from .bench.prompts import load_prompts
     from .engines.speculative import SpecEngine
     from .engines.vlm import TextDraftForVLM, VLMAdapter, build_smolvlm, load_vlm, make_vlm_request
-    from .models import load_causal_lm
+    from .models import draft_head_ids, load_causal_lm
 
     if args.target:
         target_path, target_desc = Path(args.target), args.target
@@ -210,7 +212,7 @@ def _vlm_setup(
         draft = VLMAdapter(dmodel, processor, prune_ratio=base.prune_ratio_image, role="draft")
         draft_desc = f"{args.draft_vlm} (VLM draft, {base.prune_ratio_image:.0%} of visual tokens pruned)"
     else:
-        draft = TextDraftForVLM(load_causal_lm(draft_dir, device))
+        draft = TextDraftForVLM(load_causal_lm(draft_dir, device), head_ids=draft_head_ids(draft_dir))
         draft_desc = f"{draft_desc}; text-only draft, visual tokens removed from its prompt"
     requests = [make_vlm_request(processor, p) for p in load_prompts("vlm", num)]
     return SpecEngine(target, draft), requests, processor.tokenizer, target_desc, draft_desc

@@ -77,6 +77,21 @@ def load_causal_lm(path: str | Path, device: str | torch.device = "cpu", dtype: 
     return model.to(device).eval().requires_grad_(False)
 
 
+def draft_head_ids(path: str | Path) -> torch.Tensor | None:
+    """The restricted head ids ``[S]`` a ``sage train-draft`` export lists in ``sage_draft.json`` (else None).
+
+    Every other token of such a draft shares one output row that can never be its argmax, so an engine may
+    compute the draft's logits over these ids only (:class:`~sage_plugin.engines.adapters.TextAdapter`).
+    """
+    import json
+
+    meta = Path(path) / "sage_draft.json"
+    if not meta.is_file():
+        return None
+    ids = json.loads(meta.read_text()).get("head_token_ids")
+    return torch.tensor(ids, dtype=torch.int64) if ids else None
+
+
 def bundled_draft_dir() -> Path | None:
     """Directory of the trained SmolLM2 draft shipped with the package, if present."""
     path = Path(__file__).parent / "assets" / "drafts" / "smollm2-draft"

@@ -48,12 +48,26 @@ class ModelAdapter(Protocol):
 
 
 class TextAdapter:
-    """Any HF causal LM with rotary positions (Llama, Qwen2, SmolLM2, ...)."""
+    """Any HF causal LM with rotary positions (Llama, Qwen2, SmolLM2, ...).
 
-    def __init__(self, model: Any) -> None:
+    Args:
+        model: the HF model.
+        head_ids: optional ``[S]`` token ids; ``forward`` then computes logits only for these rows of the
+            output layer and returns ``-inf`` for every other id (a *restricted head*, for drafts whose
+            other tokens can never be the argmax, e.g. those written by ``sage train-draft``, which list
+            the ids in ``sage_draft.json``).  The draft step costs ``S/V`` of the full head; the
+            distribution is the model's renormalised over ``S``.  Drafts only propose tokens, so this
+            cannot change what verification emits.  ``prefill`` keeps the full head (one row).
+    """
+
+    def __init__(self, model: Any, head_ids: torch.Tensor | None = None) -> None:
         self.model = model
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device
+        self.head_ids = None
+        if head_ids is not None:
+            self.head_ids = head_ids.to(self.device, torch.int64)
+            self._head_w = model.get_output_embeddings().weight.detach().index_select(0, self.head_ids)
 
     @torch.inference_mode()
     def prefill(self, request: GenRequest) -> PrefillResult:
@@ -68,8 +82,16 @@ class TextAdapter:
     ) -> torch.Tensor:
         """Logits ``[B, Q, V]`` of ``Q`` new tokens per request (appended to ``state``'s cache)."""
         ids = input_ids.clamp(0, self.vocab_size - 1)
-        out = self.model(
+        if self.head_ids is None:
+            out = self.model(
+                input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=state.cache, use_cache=True
+            )
+            state.appended(ids.shape[1])
+            return out.logits.float()
+        hidden = self.model.get_decoder()(
             input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=state.cache, use_cache=True
-        )
+        ).last_hidden_state
         state.appended(ids.shape[1])
-        return out.logits.float()
+        small = (hidden @ self._head_w.t()).float()
+        full = small.new_full((*small.shape[:2], self.vocab_size), float("-inf"))
+        return full.index_copy_(2, self.head_ids, small)

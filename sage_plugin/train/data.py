@@ -4,11 +4,12 @@ Three sources feed the label stage (:mod:`sage_plugin.train.labels`):
 
 (a) the CPython stdlib ``.py`` sources of the running interpreter (``sysconfig.get_paths()["stdlib"]``, without
     ``site-packages``), (b) Debian ``python3.11-doc`` reST/text under ``/usr/share/doc/python3.11`` if installed,
-    and (c) chat prompts built offline (templated general/role-play/math/code requests, GSM8K, and HumanEval-style
+    and (c) chat prompts built offline (templated general/role-play/math/code requests and HumanEval-style
     prompts made from stdlib functions) that the target answers greedily.
 
 MT-Bench and HumanEval are never used for training: they are the held-out evaluation set
 (:func:`sage_plugin.train.evaluate.evaluate_draft`), and any generated prompt equal to one of them is dropped.
+No other bundled prompt set (GSM8K) is used either, so ``sage bench`` runs on prompts the draft never saw.
 """
 
 from __future__ import annotations
@@ -258,15 +259,13 @@ def chat_prompts(n: int, seed: int = 0, stdlib: str | Path | None = None,
                  doc_root: str | Path = PYTHON_DOC_DIR) -> list[str]:
     """``n`` distinct user messages for the target to answer (deterministic for a seed).
 
-    Sources, interleaved: templated general requests (topic x task), role-play, GSM8K (bundled, allowed),
+    Sources, interleaved: templated general requests (topic x task), role-play,
     synthetic arithmetic word problems, coding requests, prompts made from documented stdlib functions (HumanEval
     format, explanations, re-implementations) and python3.11-doc FAQ questions when installed.  Messages equal to
     an MT-Bench or HumanEval prompt are dropped (those are the held-out evaluation sets).
     """
     if n <= 0:
         return []
-    from sage_plugin.bench.prompts import load_prompts
-
     rng = random.Random(seed)
     general = [t.format(t=topic) for t in _GENERAL_TEMPLATES for topic in _TOPICS]
     rng.shuffle(general)
@@ -275,8 +274,6 @@ def chat_prompts(n: int, seed: int = 0, stdlib: str | Path | None = None,
     code = [f"Write a {lang} function that {task}." for task in _CODE_TASKS for lang in dict.fromkeys(_LANGS)]
     code = [f"Write a Python function that {task}. Include a docstring and an example." for task in _CODE_TASKS] + code
     rng.shuffle(code)
-    gsm = [p.messages[-1]["content"] for p in load_prompts("gsm8k")]
-    rng.shuffle(gsm)
 
     def math_gen() -> Iterator[str]:
         r = random.Random(seed + 3)
@@ -287,13 +284,12 @@ def chat_prompts(n: int, seed: int = 0, stdlib: str | Path | None = None,
     sources: dict[str, Iterator[str]] = {
         "general": iter(general),
         "roleplay": iter(roleplay),
-        "gsm8k": iter(gsm),
         "math": math_gen(),
         "code": iter(code),
         "stdlib": _stdlib_function_prompts(seed, stdlib),
         "faq": iter(_faq_questions(doc_root)),
     }
-    pattern = ["general", "stdlib", "general", "roleplay", "gsm8k", "code", "general", "stdlib", "math", "faq",
+    pattern = ["general", "stdlib", "general", "roleplay", "math", "code", "general", "stdlib", "math", "faq",
                "general", "stdlib"]
     held_out = _heldout_messages()
     seen: set[str] = set()

@@ -139,3 +139,34 @@ def test_sage_adapts_shape_and_history(engine):
     for r in later:
         # Eq. 10/11 with D_max in [D_min, D_cap]
         assert 3 <= r.plan_depth <= 10 and 2 <= r.plan_width <= 10
+
+
+def test_restricted_draft_head_matches_full_head_on_its_ids_and_stays_lossless(engine):
+    """A draft adapter with ``head_ids`` returns the full model's logits on those ids, -inf elsewhere,
+    and speculative decoding with it still equals plain decoding."""
+    from sage_plugin.engines.kv import SeqState
+
+    draft_model = engine.draft.model
+    head_ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(5))[: VOCAB // 2].sort().values
+    restricted = TextAdapter(draft_model, head_ids)
+    req = _requests(1)[0]
+    states = [SeqState.from_prefills([a.prefill(req)]) for a in (engine.draft, restricted)]
+    new = torch.tensor([[3, 9, 27]])
+    pos = states[0].next_pos[:, None] + torch.arange(3)
+    causal = torch.ones(3, 3, dtype=torch.bool).tril()[None]
+    full = engine.draft.forward(states[0], new, pos, states[0].attention_mask(causal, torch.ones(1, 3, dtype=bool)))
+    part = restricted.forward(states[1], new, pos, states[1].attention_mask(causal, torch.ones(1, 3, dtype=bool)))
+    torch.testing.assert_close(part[..., head_ids], full[..., head_ids], rtol=1e-5, atol=1e-5)
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[head_ids] = False
+    assert torch.isneginf(part[..., outside]).all()
+
+    eng = SpecEngine(engine.target, restricted)
+    reqs = _requests(3)
+    sp = SamplingParams(max_new_tokens=24)
+    ref = engine.generate(reqs, sp, None)
+    for policy in POLICIES:
+        got = eng.generate(reqs, sp, build_policy(SageConfig(policy=policy)))
+        assert [o.tokens for o in got] == [o.tokens for o in ref]
+        drafted = [r.nodes for o in got for r in o.rounds]
+        assert sum(drafted) > 0

@@ -285,8 +285,8 @@ class TextDraftForVLM(TextAdapter):
     compacted (``next_pos`` = number of remaining tokens).  ``forward`` is TextAdapter's.
     """
 
-    def __init__(self, model: Any, drop_token_ids: Iterable[int] = ()) -> None:
-        super().__init__(model)
+    def __init__(self, model: Any, drop_token_ids: Iterable[int] = (), head_ids: torch.Tensor | None = None) -> None:
+        super().__init__(model, head_ids)
         self.drop_token_ids = frozenset(int(i) for i in drop_token_ids)
 
     def text_ids(self, request: GenRequest) -> list[int]:
