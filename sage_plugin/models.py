@@ -70,10 +70,16 @@ def load_tokenizer(path: str | Path):
 
 
 def load_causal_lm(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """Load an HF causal LM for inference (eval mode, no grad)."""
+    """Load an HF causal LM for inference (eval mode, no grad) with grouped-query SDPA attention.
+
+    ``sage_sdpa`` (:mod:`sage_plugin.engines.attention`) is ``sdpa`` without the per-forward copy of the KV
+    heads that transformers makes whenever a mask is passed (every tree verify, every padded batch).
+    """
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    from .engines.attention import register
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=register())
     return model.to(device).eval().requires_grad_(False)
 
 
