@@ -1,0 +1,157 @@
+"""SAGE node selection inside a fixed draft beam and verify budget (SGLang's EAGLE v2 worker and alike).
+
+A serving runtime with CUDA graphs drafts a fixed *beam*: ``steps`` draft forwards of ``topk`` nodes each, every
+node proposing its ``topk`` most likely children, and verifies a fixed number ``n_select = N - 1`` of draft nodes
+per request.  The draft compute is then fixed; what SAGE decides is **which** candidates form the verified tree.
+:func:`select_shaped` applies the SAGE shape (Eq. 10-12 with the same config switches as
+:class:`~sage_plugin.core.policies.SagePolicy`) to the candidates level by level, then fills the remaining budget
+with the most probable other candidates (the nodes are verified at no extra cost: the shape is fixed):
+
+1. level 1: keep the root's children with rank ``< W`` and probability ``> theta_1``;
+2. level ``l <= D``: keep children of kept nodes with rank ``< W_l = round(W (0.5 + p_parent) / l)`` and
+   probability ``> theta_l = theta0 * l / D``, at most ``n_max`` kept nodes in all (best-first or parent order);
+3. selection = the kept nodes, then the others by joint probability (depth breaks ties), first ``n_select``.
+
+Both groups are ancestor-closed (a kept node's parent is kept; a child's joint probability never exceeds its
+parent's), so the selection is a tree.  Returned indices are ascending (parents first), as runtimes expect.
+
+Candidate layout of EAGLE's beam (:func:`eagle_beam_candidates`), ``t = topk``, per request::
+
+    index:   0 .. t-1           | t + (i-1) t^2 + j t + m   (step i >= 1, beam node j, child rank m)
+    parent:  root               | parent_list[1 + (i-1) t + j]  (a candidate index, -1 = root)
+    depth:   1                  | i + 1
+
+Worked example (t = 2, steps = 2; the beam at step 1 is both root children)::
+
+    candidates 0 (a, p .6)  1 (b, p .3)  |  2 (a->c .6*.9)  3 (a->d .6*.05)  4 (b->e .3*.5)  5 (b->f .3*.4)
+    confident (alpha high: D = 2, W = 1, W_2 = round(1 * (0.5 + .6) / 2) = 1): kept {0, 2};
+    n_select = 3 fills with 1 (the best remaining)  ->  [0, 1, 2]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import SageConfig
+from .expand import budget_top_n
+from .policies import round_mode
+
+__all__ = ["BeamCandidates", "ShapedSelection", "eagle_beam_candidates", "select_shaped"]
+
+
+@dataclass(frozen=True, slots=True)
+class BeamCandidates:
+    """Draft candidates of a fixed beam, ``M`` per request, in level order.
+
+    Attributes:
+        joint: ``[B, M]`` float, path probability (product of draft probabilities from the root).
+        parent: ``[B, M]`` int64, candidate index of the parent, -1 for the root.
+        rank: ``[B, M]`` int64, rank among its siblings (0 = the parent's most likely child).
+        depth: ``[M]`` int64, level (1 = child of the root), non-decreasing.
+        levels: number of levels (``depth[-1]``, kept as a Python int: no device sync).
+    """
+
+    joint: torch.Tensor
+    parent: torch.Tensor
+    rank: torch.Tensor
+    depth: torch.Tensor
+    levels: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShapedSelection:
+    """Result of :func:`select_shaped`.
+
+    Attributes:
+        index: ``[B, n_select]`` int64 candidate indices, ascending.
+        shaped: ``[B]`` int64 number of candidates the SAGE shape kept (the rest of ``index`` is fill).
+    """
+
+    index: torch.Tensor
+    shaped: torch.Tensor
+
+
+def eagle_beam_candidates(scores: torch.Tensor, parent_list: torch.Tensor, topk: int) -> BeamCandidates:
+    """The candidates of EAGLE's beam from its flattened ``score_list`` and ``parent_list``.
+
+    Args:
+        scores: ``[B, M]``, ``M = t + (steps - 1) t^2``: the concatenated, flattened per-step joint scores.
+        parent_list: ``[B, 1 + (steps - 1) t]``: ``-1`` then the candidate index of each step's beam node
+            (``parent_list[c // t]`` is the parent of candidate ``c``).
+        topk: ``t``.
+
+    >>> c = eagle_beam_candidates(torch.tensor([[.6, .3, .54, .03, .15, .12]]), torch.tensor([[-1, 0, 1]]), 2)
+    >>> c.parent.tolist(), c.rank.tolist(), c.depth.tolist()
+    ([[-1, -1, 0, 0, 1, 1]], [[0, 1, 0, 1, 0, 1]], [1, 1, 2, 2, 2, 2])
+    """
+    m = scores.shape[1]
+    idx = torch.arange(m, device=scores.device)
+    parent = parent_list.index_select(1, idx // topk)
+    rank = (idx % topk).expand_as(parent)
+    depth = torch.where(idx < topk, 1, 2 + (idx - topk) // (topk * topk))
+    return BeamCandidates(scores, parent, rank, depth, 1 + (m - topk) // (topk * topk))
+
+
+def select_shaped(
+    cands: BeamCandidates, depth: torch.Tensor, width: torch.Tensor, n_select: int, cfg: SageConfig
+) -> ShapedSelection:
+    """Choose ``n_select`` candidates per request: the SAGE shape first, then the most probable others.
+
+    Args:
+        cands: the beam's candidates.
+        depth: ``[B]`` int64 planned depth ``D`` (Eq. 10).
+        width: ``[B]`` int64 planned width ``W`` (Eq. 11).
+        n_select: nodes to verify per request (``<= M``).
+        cfg: ``parent_prob``, ``threshold_on``, ``prob_space``, ``rounding``, ``clamp_level_width``,
+            ``keep_top1``, ``budget_order``, ``theta0`` and ``n_max`` apply as in ``SagePolicy``.
+
+    Returns:
+        :class:`ShapedSelection`.
+    """
+    joint, parent = cands.joint.float(), cands.parent
+    bsz, m = joint.shape
+    dev = joint.device
+    has_parent = parent >= 0
+    pidx = parent.clamp(min=0)
+    parent_joint = torch.where(has_parent, joint.gather(1, pidx), torch.ones_like(joint))
+    local = joint / parent_joint.clamp(min=1e-30)
+    if cfg.prob_space == "topk":  # renormalise over the siblings the beam holds
+        sib = torch.zeros(bsz, m + 1, device=dev).scatter_add_(1, parent + 1, local)
+        local = local / sib.gather(1, parent + 1).clamp(min=1e-30)
+    if cfg.budget_order == "best_first":
+        order = joint
+    else:
+        order = -torch.arange(m, device=dev, dtype=torch.float32).expand(bsz, m)
+    d = depth[:, None]
+
+    kept = torch.zeros(bsz, m, dtype=torch.bool, device=dev)
+    joint_s = torch.ones_like(local)  # joint probability in the configured space, filled level by level
+    for lvl in range(1, cands.levels + 1):
+        at = (cands.depth == lvl)[None].expand(bsz, m)
+        par_js = torch.where(has_parent, joint_s.gather(1, pidx), torch.ones_like(local))
+        joint_s = torch.where(at, par_js * local, joint_s)
+        if lvl == 1:
+            w_l = width[:, None].expand(bsz, m)
+            parent_ok = torch.ones_like(kept)
+        else:
+            par_local = torch.where(has_parent, local.gather(1, pidx), torch.ones_like(local))
+            p_par = par_js if cfg.parent_prob == "joint" else par_local
+            w_l = round_mode(width[:, None] * (0.5 + p_par) / lvl, cfg.rounding)
+            if cfg.clamp_level_width:
+                w_l = w_l.clamp(min=1)
+            parent_ok = has_parent & kept.gather(1, pidx)
+        score = joint_s if cfg.threshold_on == "joint" else local
+        theta = cfg.theta0 * lvl / d.float()
+        ok = at & parent_ok & (cands.rank < w_l) & (score > theta) & (lvl <= d)
+        if cfg.keep_top1 and lvl == 1:
+            ok |= at & (cands.rank == 0)
+        budget = cfg.n_max - kept.sum(1)
+        kept |= budget_top_n(ok, order, budget)
+
+    # selection order: kept first, then joint probability (desc), then index (= depth order) so parents come first
+    key = torch.sort(joint, dim=1, descending=True, stable=True).indices
+    key = key.gather(1, torch.sort(kept.gather(1, key).to(torch.int8), dim=1, descending=True, stable=True).indices)
+    index = torch.sort(key[:, :n_select], dim=1).values
+    return ShapedSelection(index, kept.sum(1).clamp(max=n_select))

@@ -1,0 +1,139 @@
+"""SAGE selection inside a fixed beam (:mod:`sage_plugin.core.budgeted`) against a naive per-request reference."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sage_plugin.config import SageConfig
+from sage_plugin.core.budgeted import eagle_beam_candidates, select_shaped
+
+SWITCHES = dict(
+    parent_prob=("conditional", "joint"), threshold_on=("conditional", "joint"), prob_space=("full", "topk"),
+    rounding=("half_up", "ceil", "floor"), clamp_level_width=(True, False), keep_top1=(True, False),
+    budget_order=("best_first", "parent_order"),
+)
+
+
+def _random_beam(draw, bsz: int, topk: int, steps: int):
+    """EAGLE-layout scores and parent_list with dyadic probabilities (exact products, no float ties to argue)."""
+    scores, parents = [], []
+    for _ in range(bsz):
+        def children():
+            w = sorted(draw(st.lists(st.integers(1, 32), min_size=topk, max_size=topk)), reverse=True)
+            tot = max(sum(w), 32)
+            return [x / tot if tot == 32 else x / 64 for x in w]
+
+        row = children()  # level 1
+        plist = [-1]
+        prev = list(range(topk))
+        for _ in range(1, steps):
+            beam = draw(st.lists(st.sampled_from(prev), min_size=topk, max_size=topk, unique=True))
+            plist += beam
+            start = len(row)
+            for b in beam:
+                row += [row[b] * p for p in children()]
+            prev = list(range(start, len(row)))
+        scores.append(row)
+        parents.append(plist)
+    return torch.tensor(scores, dtype=torch.float32), torch.tensor(parents, dtype=torch.int64)
+
+
+def _round(x: float, mode: str) -> int:
+    if mode == "half_up":
+        return math.floor(x + 0.5)
+    if mode == "ceil":
+        return math.ceil(x - 1e-6)
+    return math.floor(x + 1e-6)
+
+
+def _reference(joint, parent, rank, depth, d_plan, w_plan, n_select, cfg):
+    """One request, Python lists: the SAGE level rules, then fill by joint probability."""
+    m = len(joint)
+    local = [joint[c] / (joint[parent[c]] if parent[c] >= 0 else 1.0) for c in range(m)]
+    if cfg.prob_space == "topk":
+        sums = {}
+        for c in range(m):
+            sums[parent[c]] = sums.get(parent[c], 0.0) + local[c]
+        local = [local[c] / sums[parent[c]] for c in range(m)]
+    js = [0.0] * m
+    kept: list[int] = []
+    for lvl in range(1, max(depth) + 1):
+        ok = []
+        for c in range(m):
+            if depth[c] != lvl:
+                continue
+            p = parent[c]
+            js[c] = (js[p] if p >= 0 else 1.0) * local[c]
+            if lvl == 1:
+                w_l, parent_ok = w_plan, True
+            else:
+                pp = js[p] if cfg.parent_prob == "joint" else local[p]
+                w_l = _round(w_plan * (0.5 + pp) / lvl, cfg.rounding)
+                if cfg.clamp_level_width:
+                    w_l = max(w_l, 1)
+                parent_ok = p in kept
+            score = js[c] if cfg.threshold_on == "joint" else local[c]
+            good = parent_ok and rank[c] < w_l and score > cfg.theta0 * lvl / d_plan and lvl <= d_plan
+            if cfg.keep_top1 and lvl == 1 and rank[c] == 0:
+                good = True
+            if good:
+                ok.append(c)
+        if cfg.budget_order == "best_first":
+            ok.sort(key=lambda c: (-joint[c], c))
+        kept += ok[: max(cfg.n_max - len(kept), 0)]
+    order = sorted(range(m), key=lambda c: (c not in kept, -joint[c], c))
+    return sorted(order[:n_select]), min(len(kept), n_select)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), bsz=st.integers(1, 3), topk=st.integers(1, 4), steps=st.integers(1, 4))
+def test_select_shaped_matches_reference_and_is_a_tree(data, bsz, topk, steps):
+    scores, plist = _random_beam(data.draw, bsz, topk, steps)
+    m = scores.shape[1]
+    cfg = SageConfig(**{k: data.draw(st.sampled_from(v)) for k, v in SWITCHES.items()},
+                     n_max=data.draw(st.integers(1, 12)), theta0=data.draw(st.sampled_from([0.0, 0.1, 0.3])))
+    d_plan = torch.tensor(data.draw(st.lists(st.integers(1, 6), min_size=bsz, max_size=bsz)))
+    w_plan = torch.tensor(data.draw(st.lists(st.integers(1, 4), min_size=bsz, max_size=bsz)))
+    n_select = data.draw(st.integers(1, m))
+    cands = eagle_beam_candidates(scores, plist, topk)
+    got = select_shaped(cands, d_plan, w_plan, n_select, cfg)
+    assert got.index.shape == (bsz, n_select)
+    for b in range(bsz):
+        ref_idx, ref_shaped = _reference(scores[b].tolist(), cands.parent[b].tolist(), cands.rank[b].tolist(),
+                                         cands.depth.tolist(), int(d_plan[b]), int(w_plan[b]), n_select, cfg)
+        assert got.index[b].tolist() == ref_idx
+        assert int(got.shaped[b]) == ref_shaped
+        chosen = set(ref_idx)
+        for c in ref_idx:  # ancestor-closed: the verified nodes form a tree
+            p = int(cands.parent[b, c])
+            assert p < 0 or p in chosen
+
+
+def test_layout_of_eagle_beam():
+    # t = 2, steps = 3: 2 + 4 + 4 candidates; step-2 beam = candidates 2 and 5
+    scores = torch.rand(1, 10)
+    plist = torch.tensor([[-1, 0, 1, 2, 5]])
+    c = eagle_beam_candidates(scores, plist, 2)
+    assert c.parent.tolist() == [[-1, -1, 0, 0, 1, 1, 2, 2, 5, 5]]
+    assert c.depth.tolist() == [1, 1, 2, 2, 2, 2, 3, 3, 3, 3] and c.levels == 3
+    assert c.rank.tolist() == [[0, 1] * 5]
+
+
+def test_confident_request_goes_deep_unsure_request_goes_wide():
+    """Same beam, two plans: D=3/W=1 (confident) selects the chain, D=1/W=3 (unsure) the root's children."""
+    topk = 3
+    p = torch.tensor([0.5, 0.3, 0.2])
+    lvl1 = p
+    lvl2 = (lvl1[:, None] * p[None]).flatten()  # beam = the three root children
+    lvl3 = (lvl2[[0, 1, 2], None] * p[None]).flatten()  # beam = a->a, a->b, a->c (candidates 3, 4, 5)
+    scores = torch.cat([lvl1, lvl2, lvl3])[None].repeat(2, 1)
+    plist = torch.tensor([[-1, 0, 1, 2, 3, 4, 5]]).repeat(2, 1)
+    cands = eagle_beam_candidates(scores, plist, topk)
+    cfg = SageConfig(theta0=0.0)
+    sel = select_shaped(cands, torch.tensor([3, 1]), torch.tensor([1, 3]), 3, cfg)
+    assert sel.index[0].tolist() == [0, 3, 12]  # a, a->a, a->a->a
+    assert sel.index[1].tolist() == [0, 1, 2]  # a, b, c
