@@ -128,7 +128,7 @@ def _register_cpu_ops() -> None:
 def _register_algorithm() -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from .algo import SageSpecAlgo, placeholder_worker_factory, validate_server_args
+    from .algo import SageSpecAlgo, sage_worker_factory, validate_server_args
 
     try:
         existing = SpeculativeAlgorithm.from_string(ALGORITHM)
@@ -141,7 +141,7 @@ def _register_algorithm() -> None:
         raise RuntimeError(f"speculative algorithm {ALGORITHM} is already registered by someone else: {existing!r}")
     SpeculativeAlgorithm.register(
         ALGORITHM,
-        supports_overlap=False,  # for now: the placeholder worker runs synchronously
+        supports_overlap=False,  # the SAGE worker runs with the overlap scheduler off (handle_server_args)
         validate_server_args=validate_server_args,
         spec_class=SageSpecAlgo,
-    )(placeholder_worker_factory)
+    )(sage_worker_factory)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     import torch
     from sglang.srt.managers.overlap_utils import FutureMap
 
-__all__ = ["SageSpecAlgo", "placeholder_worker_factory", "sage_config_of", "validate_server_args"]
+__all__ = ["SageSpecAlgo", "sage_config_of", "sage_worker_factory", "validate_server_args"]
 
 logger = logging.getLogger(__name__)
 
@@ -171,18 +171,8 @@ class SageSpecAlgo(CustomSpecAlgo):
                 )
 
 
-def placeholder_worker_factory(server_args: Any) -> type:
-    """PLACEHOLDER worker factory: returns SGLang's own ``StandaloneWorkerV2``, not a SAGE worker.
+def sage_worker_factory(server_args: Any) -> type:
+    """SGLang's worker factory for ``SAGE``: :class:`.worker.SageWorkerV2` (imported on first use)."""
+    from .worker import SageWorkerV2
 
-    Until ``SageWorkerV2`` lands, ``--speculative-algorithm sage`` runs plain STANDALONE speculative
-    decoding: SGLang's EAGLE-2-style static beam tree of the sizes :meth:`SageSpecAlgo.handle_server_args`
-    derived, with no entropy-guided depth/width and no history controller.  It exists so the plugin
-    plumbing (registration, flags, server-args resolution, CPU ops) can be tested end to end.
-    """
-    from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
-
-    logger.warning(
-        "--speculative-algorithm sage: the SAGE worker is not implemented yet; running SGLang's STANDALONE "
-        "worker as a placeholder (static draft tree, no entropy adaptation)"
-    )
-    return StandaloneWorkerV2
+    return SageWorkerV2

@@ -1,4 +1,4 @@
-"""The only place SAGE patches SGLang: two ``HookRegistry`` AROUND hooks that add the ``--sage-*`` flags.
+"""The only place SAGE patches SGLang: three ``HookRegistry`` AROUND hooks (flags, and the verified-node choice).
 
 SGLang 0.5.23 has no API for plugin-owned command-line flags (``patches/SGLANG_PLUGIN_RESEARCH.md`` §2a),
 so the plugin wraps the two functions of its parse path.  Each hook has an entry in ``patches/INDEX.md``;
@@ -14,6 +14,11 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
   (``validate_server_args``, ``handle_server_args``, the worker factory).  Read them back with
   :func:`sage_cli_of`.
 
+* :func:`organize_draft_results` (AROUND ``sglang.srt.speculative.eagle_utils.organize_draft_results``): when a
+  SAGE draft worker is drafting (:data:`ACTIVE_SELECTION` is set), the verified nodes are SAGE's choice
+  (:class:`.worker.BeamSelection`); otherwise SGLang's own top-N.  ``HookRegistry`` also rebinds the copy
+  ``eagle_worker_v2`` imported, which is the one the draft step calls.
+
 Hooks are registered by :func:`install_hooks` (from ``register()``) and applied by SGLang's
 ``load_plugins()`` after every plugin ran.  Hook functions here import nothing from SGLang.
 """
@@ -22,16 +27,30 @@ from __future__ import annotations
 
 import argparse
 import logging
+from contextvars import ContextVar
 from typing import Any, Callable
 
 from .args import SageCliArgs, add_sage_arguments
 
-__all__ = ["HOOK_TARGETS", "STASH_ATTR", "add_cli_args", "from_cli_args", "install_hooks", "sage_cli_of"]
+__all__ = [
+    "ACTIVE_SELECTION",
+    "HOOK_TARGETS",
+    "STASH_ATTR",
+    "add_cli_args",
+    "from_cli_args",
+    "install_hooks",
+    "organize_draft_results",
+    "sage_cli_of",
+]
 
 logger = logging.getLogger(__name__)
 
 ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
+ORGANIZE_DRAFT_RESULTS = "sglang.srt.speculative.eagle_utils.organize_draft_results"
+
+#: The SAGE selection of the draft step in progress (set by ``SageDraftWorker.draft``), else None.
+ACTIVE_SELECTION: ContextVar[Callable[..., Any] | None] = ContextVar("sage_active_selection", default=None)
 
 #: Name of the bookkeeping attribute on SGLang's ``ServerArgs`` record that carries the SAGE flags.
 STASH_ATTR = "_sage_cli"
@@ -62,8 +81,20 @@ def sage_cli_of(server_args: Any) -> SageCliArgs | None:
     return getattr(server_args, STASH_ATTR, None)
 
 
+def organize_draft_results(original: Callable[..., Any], score_list, token_list, parents_list, num_draft_token):
+    """AROUND ``organize_draft_results``: SAGE's verified nodes while a SAGE draft worker drafts, else SGLang's."""
+    selection = ACTIVE_SELECTION.get()
+    if selection is None:
+        return original(score_list, token_list, parents_list, num_draft_token)
+    return selection(score_list, token_list, parents_list, num_draft_token)
+
+
 #: (target, hook) pairs, all AROUND; the targets are listed in patches/INDEX.md.
-HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = ((ADD_CLI_ARGS, add_cli_args), (FROM_CLI_ARGS, from_cli_args))
+HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = (
+    (ADD_CLI_ARGS, add_cli_args),
+    (FROM_CLI_ARGS, from_cli_args),
+    (ORGANIZE_DRAFT_RESULTS, organize_draft_results),
+)
 HOOK_TARGETS: tuple[str, ...] = tuple(target for target, _ in HOOKS)
 
 

@@ -15,14 +15,20 @@ import pytest
 pytest.importorskip("sglang")
 
 from sage_plugin.compat import SGLANG_VERSION  # noqa: E402
-from sage_plugin.runtimes.sglang.hooks import ADD_CLI_ARGS, FROM_CLI_ARGS, HOOK_TARGETS  # noqa: E402
+from sage_plugin.runtimes.sglang.hooks import (  # noqa: E402
+    ADD_CLI_ARGS,
+    FROM_CLI_ARGS,
+    HOOK_TARGETS,
+    ORGANIZE_DRAFT_RESULTS,
+)
 
 INDEX = Path(__file__).resolve().parents[3] / "patches" / "INDEX.md"
 
-#: Hook target -> (decorator kind on the class, parameters of the original function).
+#: Hook target -> (decorator kind on the class, or None for a module function; parameters of the original).
 HOOK_SHAPES = {
     ADD_CLI_ARGS: (staticmethod, ["parser"]),
     FROM_CLI_ARGS: (classmethod, ["cls", "args"]),
+    ORGANIZE_DRAFT_RESULTS: (None, ["score_list", "token_list", "parents_list", "num_draft_token"]),
 }
 
 #: Upstream symbols the adapter calls or subclasses (not hooked, but pinned by the same version).
@@ -36,6 +42,11 @@ USED_SYMBOLS = [
     "sglang.srt.speculative.spec_registry.CustomSpecAlgo",
     "sglang.srt.managers.overlap_utils.FutureMap",
     "sglang.srt.utils.common.is_cpu",
+    # the SAGE worker subclasses / calls these (worker.py)
+    "sglang.srt.speculative.standalone_worker_v2.StandaloneWorkerV2.forward_batch_generation",
+    "sglang.srt.speculative.standalone_worker_v2.StandaloneDraftWorker.draft",
+    "sglang.srt.speculative.standalone_worker_v2.StandaloneDraftWorker.init_cuda_graphs",
+    "sglang.srt.speculative.eagle_worker_v2.organize_draft_results",
 ]
 
 
@@ -53,6 +64,11 @@ def test_hook_target_exists_with_the_assumed_shape(target):
     owner_path, _, name = target.rpartition(".")
     owner = pkgutil.resolve_name(owner_path)
     kind, params = HOOK_SHAPES[target]
+    if kind is None:
+        original = inspect.unwrap(getattr(owner, name))
+        assert inspect.isfunction(original), f"{target} is no longer a function"
+        assert list(inspect.signature(original).parameters) == params
+        return
     raw = vars(owner)[name]  # before the descriptor protocol: staticmethod / classmethod
     assert isinstance(raw, kind), f"{target} is no longer a {kind.__name__}"
     original = inspect.unwrap(raw.__func__)  # past a HookRegistry wrapper, if applied in this process
@@ -64,9 +80,10 @@ def test_used_symbol_exists(path):
     assert _resolve(path) is not None
 
 
-def test_placeholder_worker_class_exists():
+def test_worker_base_classes_exist():
     pytest.importorskip("sgl_kernel")
     assert inspect.isclass(_resolve("sglang.srt.speculative.standalone_worker_v2.StandaloneWorkerV2"))
+    assert inspect.isclass(_resolve("sglang.srt.speculative.standalone_worker_v2.StandaloneDraftWorker"))
 
 
 @pytest.mark.parametrize("target", HOOK_TARGETS)

@@ -80,7 +80,7 @@ def test_load_plugins_registers_sage(fresh):
     assert fresh["class"] == "sage_plugin.runtimes.sglang.algo.SageSpecAlgo"
     assert fresh["name"] == "SAGE"
     assert fresh["supports_overlap"] is False
-    assert fresh["factory"] == "placeholder_worker_factory"
+    assert fresh["factory"] == "sage_worker_factory"
 
 
 def test_register_is_idempotent(fresh):
@@ -218,12 +218,13 @@ def test_scheduler_methods():
     assert buffers(ours) == buffers(theirs)
 
 
-def test_placeholder_worker_is_standalone():
-    """Until SageWorkerV2 lands, the factory hands SGLang its own STANDALONE worker (a placeholder)."""
+def test_factory_gives_the_sage_worker():
+    """The factory hands SGLang SageWorkerV2, a STANDALONE v2 worker whose draft worker becomes SageDraftWorker."""
     pytest.importorskip("sgl_kernel")
-    from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
+    from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, StandaloneWorkerV2
 
-    from sage_plugin.runtimes.sglang.algo import placeholder_worker_factory
+    from sage_plugin.runtimes.sglang.algo import sage_worker_factory
+    from sage_plugin.runtimes.sglang.worker import SageDraftWorker, SageWorkerV2
 
-    assert placeholder_worker_factory(None) is StandaloneWorkerV2
-    assert "PLACEHOLDER" in placeholder_worker_factory.__doc__
+    assert sage_worker_factory(None) is SageWorkerV2
+    assert issubclass(SageWorkerV2, StandaloneWorkerV2) and issubclass(SageDraftWorker, StandaloneDraftWorker)

@@ -1,0 +1,171 @@
+"""The SAGE worker for SGLang 0.5.23: SGLang's STANDALONE v2 worker with SAGE choosing each request's tree.
+
+SGLang's EAGLE v2 draft step runs a fixed beam (``--speculative-num-steps`` draft forwards of
+``--speculative-eagle-topk`` nodes) and verifies ``--speculative-num-draft-tokens - 1`` nodes per request, chosen
+by ``organize_draft_results`` (top joint probability).  SAGE keeps SGLang's paged KV cache, beam, attention
+backends, tree build and verify, and decides only what SAGE decides (nothing is re-implemented):
+
+* before drafting, :class:`SageDraftWorker` plans every request's round from its root distribution (the beam's
+  first top-k probabilities) and its slot's history: alpha -> (D, W) (:class:`sage_plugin.core.serving.SlotState`);
+* the verified nodes are chosen by :func:`sage_plugin.core.budgeted.select_shaped` (SAGE shape first, then the
+  most probable others), through the ``organize_draft_results`` hook (``hooks.py``, ``patches/INDEX.md`` #3),
+  which dispatches to the active :class:`BeamSelection` and otherwise leaves SGLang's selection alone;
+* after verification :class:`SageWorkerV2` feeds each request's accept length to its slot's history controller;
+  a prefill resets the slot.
+
+Everything per step stays on the device (gathers/scatters by ``req_pool_indices``; the shape is written into
+persistent buffers the selection reads, so a captured draft graph would read the live values).  Counters for
+metrics are device tensors too, copied to the host once per step without blocking and read one step late
+(:meth:`SageDraftWorker.sage_stats`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, StandaloneWorkerV2
+
+from sage_plugin.config import SageConfig
+from sage_plugin.core.budgeted import eagle_beam_candidates, select_shaped
+from sage_plugin.core.serving import SlotState
+
+from .algo import sage_config_of
+from .hooks import ACTIVE_SELECTION
+
+__all__ = ["BeamSelection", "SageDraftWorker", "SageWorkerV2"]
+
+logger = logging.getLogger(__name__)
+
+#: metric counters kept on the device, in this order
+STAT_FIELDS = ("rounds", "alpha_sum", "depth_sum", "width_sum", "shaped_sum", "accept_sum")
+
+
+class BeamSelection:
+    """``organize_draft_results`` replacement for one draft worker: SAGE's choice of the verified nodes.
+
+    ``depth``/``width`` are persistent ``[max_bs]`` buffers written by :meth:`SageDraftWorker.draft`; a call
+    reads the first ``bs`` rows (the batch's, in row order).
+    """
+
+    def __init__(self, cfg: SageConfig, topk: int, max_bs: int, device: torch.device | str) -> None:
+        self.cfg, self.topk = cfg, topk
+        self.depth = torch.ones(max_bs, dtype=torch.int64, device=device)
+        self.width = torch.ones(max_bs, dtype=torch.int64, device=device)
+        self.shaped = torch.zeros(max_bs, dtype=torch.int64, device=device)
+
+    def __call__(self, score_list, token_list, parents_list, num_draft_token: int):
+        """Same contract as SGLang's ``organize_draft_results``: ``(parent_list, top_scores_index, draft_tokens)``."""
+        scores = torch.cat(score_list, dim=1).flatten(1)
+        tokens = torch.cat(token_list, dim=1)
+        bs = scores.shape[0]
+        if len(parents_list) > 1:
+            parent_list = torch.cat(parents_list[:-1], dim=1)
+            beam_parents = parent_list
+        else:  # one step: every candidate is a child of the root
+            parent_list = torch.empty(bs, 0, dtype=torch.long, device=scores.device)
+            beam_parents = parents_list[0][:, :1]
+        cands = eagle_beam_candidates(scores, beam_parents, self.topk)
+        sel = select_shaped(cands, self.depth[:bs], self.width[:bs], num_draft_token - 1, self.cfg)
+        self.shaped[:bs].copy_(sel.shaped)
+        return parent_list, sel.index, tokens.gather(1, sel.index)
+
+
+class SageDraftWorker(StandaloneDraftWorker):
+    """SGLang's standalone draft worker plus SAGE's per-round plan.
+
+    :class:`SageWorkerV2` re-classes the ``StandaloneDraftWorker`` it built and calls :meth:`init_sage` (no
+    upstream ``__init__`` is copied).
+    """
+
+    def init_sage(self, cfg: SageConfig) -> None:
+        self.sage_cfg = cfg
+        self.sage_slots: SlotState | None = None
+        self.sage_selection: BeamSelection | None = None
+        self._stats = None
+        self._stats_host = None
+
+    def _ensure_sage_state(self) -> None:
+        if self.sage_slots is not None:
+            return
+        slots = int(self.req_to_token_pool.size) + 1
+        self.sage_slots = SlotState(self.sage_cfg, slots, self.device)
+        self.sage_selection = BeamSelection(self.sage_cfg, self.topk, slots, self.device)
+        self._stats = torch.zeros(len(STAT_FIELDS), dtype=torch.float64, device=self.device)
+        pin = torch.device(self.device).type == "cuda"
+        self._stats_host = torch.zeros(len(STAT_FIELDS), dtype=torch.float64, pin_memory=pin)
+
+    def draft(self, batch: Any, *, with_topology: bool = False):
+        spec = batch.spec_info
+        if batch.forward_mode.is_idle() or getattr(spec, "topk_p", None) is None or spec.topk_p.shape[0] == 0:
+            return super().draft(batch, with_topology=with_topology)
+        self._ensure_sage_state()
+        bs = spec.topk_p.shape[0]
+        shape = self.sage_slots.plan(batch.req_pool_indices, spec.topk_p)
+        sel = self.sage_selection
+        sel.depth[:bs].copy_(shape.depth)
+        sel.width[:bs].copy_(shape.width)
+        token = ACTIVE_SELECTION.set(sel)
+        try:
+            out = super().draft(batch, with_topology=with_topology)
+        finally:
+            ACTIVE_SELECTION.reset(token)
+        upd = torch.stack([torch.full_like(shape.alpha, 1.0), shape.alpha, shape.depth.to(shape.alpha.dtype),
+                           shape.width.to(shape.alpha.dtype), sel.shaped[:bs].to(shape.alpha.dtype)])
+        self._stats[:5] += upd.sum(1).to(self._stats.dtype)
+        return out
+
+    def init_cuda_graphs(self):
+        # the captured draft step must contain SAGE's selection (reading the persistent shape buffers)
+        self._ensure_sage_state()
+        token = ACTIVE_SELECTION.set(self.sage_selection)
+        try:
+            return super().init_cuda_graphs()
+        finally:
+            ACTIVE_SELECTION.reset(token)
+
+    def sage_reset(self, slots: torch.Tensor) -> None:
+        self._ensure_sage_state()
+        self.sage_slots.reset(slots)
+
+    def sage_observe(self, slots: torch.Tensor, accept_lens: torch.Tensor) -> None:
+        self._ensure_sage_state()
+        self.sage_slots.observe(slots, accept_lens)
+        self._stats[5] += accept_lens.sum().to(self._stats.dtype)
+        # lagged metrics: start this step's copy, read the previous one
+        self._stats_host.copy_(self._stats, non_blocking=True)
+
+    def sage_stats(self) -> dict[str, float]:
+        """Server-wide SAGE counters as of the previous step (means over drafted request-rounds)."""
+        if self._stats_host is None:
+            return {}
+        v = dict(zip(STAT_FIELDS, self._stats_host.tolist()))
+        n = max(v["rounds"], 1.0)
+        return {"sage_rounds": v["rounds"], "sage_mean_alpha": v["alpha_sum"] / n,
+                "sage_mean_depth": v["depth_sum"] / n, "sage_mean_width": v["width_sum"] / n,
+                "sage_mean_shaped_nodes": v["shaped_sum"] / n, "sage_mean_accept_length": v["accept_sum"] / n}
+
+
+class SageWorkerV2(StandaloneWorkerV2):
+    """``--speculative-algorithm sage``: STANDALONE v2 with :class:`SageDraftWorker` and the history feedback."""
+
+    def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        self._draft_worker.__class__ = SageDraftWorker
+        self._draft_worker.init_sage(sage_config_of(server_args))
+        logger.info("SAGE worker ready: %s", sage_config_of(server_args).to_dict())
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch
+        idle = batch.forward_mode.is_idle()
+        slots = batch.req_pool_indices
+        out = super().forward_batch_generation(
+            batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
+        )
+        if slots is not None and slots.numel() > 0 and not idle:
+            if prefill:
+                self._draft_worker.sage_reset(slots)
+            elif getattr(out, "accept_lens", None) is not None:
+                self._draft_worker.sage_observe(slots, out.accept_lens)
+        return out
