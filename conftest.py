@@ -12,4 +12,4 @@ import importlib.util
 
 collect_ignore: list[str] = []
 if importlib.util.find_spec("sglang") is None:
-    collect_ignore.append("sage_plugin/runtimes/sglang/algo.py")
+    collect_ignore += ["sage_plugin/runtimes/sglang/algo.py", "sage_plugin/runtimes/sglang/worker.py"]
