@@ -1,4 +1,4 @@
-"""The only place SAGE patches SGLang: three ``HookRegistry`` AROUND hooks (flags, and the verified-node choice).
+"""The only place SAGE patches SGLang: four ``HookRegistry`` AROUND hooks (flags, verified-node choice, metrics).
 
 SGLang 0.5.23 has no API for plugin-owned command-line flags (``patches/SGLANG_PLUGIN_RESEARCH.md`` §2a),
 so the plugin wraps the two functions of its parse path.  Each hook has an entry in ``patches/INDEX.md``;
@@ -18,6 +18,11 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
   SAGE draft worker is drafting (:data:`ACTIVE_SELECTION` is set), the verified nodes are SAGE's choice
   (:class:`.worker.BeamSelection`); otherwise SGLang's own top-N.  ``HookRegistry`` also rebinds the copy
   ``eagle_worker_v2`` imported, which is the one the draft step calls.
+
+* :func:`add_speculative_state` (AROUND ``SchedulerInternalStateController._add_speculative``): adds a ``"sage"``
+  section to each scheduler's state in ``GET /server_info`` (``internal_states``): the SAGE worker's counters
+  (mean alpha / D / W / shaped nodes / accept length, lagged one step) and the KV pool's free and evictable
+  token counts.
 
 Hooks are registered by :func:`install_hooks` (from ``register()``) and applied by SGLang's
 ``load_plugins()`` after every plugin ran.  Hook functions here import nothing from SGLang.
@@ -40,6 +45,7 @@ __all__ = [
     "from_cli_args",
     "install_hooks",
     "organize_draft_results",
+    "add_speculative_state",
     "sage_cli_of",
 ]
 
@@ -48,6 +54,9 @@ logger = logging.getLogger(__name__)
 ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
 ORGANIZE_DRAFT_RESULTS = "sglang.srt.speculative.eagle_utils.organize_draft_results"
+ADD_SPECULATIVE_STATE = (
+    "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative"
+)
 
 #: The SAGE selection of the draft step in progress (set by ``SageDraftWorker.draft``), else None.
 ACTIVE_SELECTION: ContextVar[Callable[..., Any] | None] = ContextVar("sage_active_selection", default=None)
@@ -89,11 +98,25 @@ def organize_draft_results(original: Callable[..., Any], score_list, token_list,
     return selection(score_list, token_list, parents_list, num_draft_token)
 
 
+def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) -> None:
+    """AROUND ``_add_speculative(self, state)``: SGLang's speculative fields, then ``state["sage"]``."""
+    original(self, state)
+    scheduler = self.scheduler
+    stats = getattr(getattr(scheduler, "draft_worker", None), "_draft_worker", None)
+    if stats is None or not hasattr(stats, "sage_stats"):
+        return
+    section = dict(stats.sage_stats())
+    section["kv_available_tokens"] = int(scheduler.token_to_kv_pool_allocator.available_size())
+    section["kv_evictable_tokens"] = int(scheduler.tree_cache.evictable_size())
+    state["sage"] = section
+
+
 #: (target, hook) pairs, all AROUND; the targets are listed in patches/INDEX.md.
 HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = (
     (ADD_CLI_ARGS, add_cli_args),
     (FROM_CLI_ARGS, from_cli_args),
     (ORGANIZE_DRAFT_RESULTS, organize_draft_results),
+    (ADD_SPECULATIVE_STATE, add_speculative_state),
 )
 HOOK_TARGETS: tuple[str, ...] = tuple(target for target, _ in HOOKS)
 

@@ -271,3 +271,13 @@ def test_explicit_sglang_sizes_win():
 def test_derived_draft_tokens_are_capped_by_the_beam():
     view = resolved(record("--speculative-eagle-topk", "2", "--speculative-num-steps", "3"))
     assert view.speculative_num_draft_tokens == 2 + 2 * 2 * 2 + 1
+
+
+def test_sglang_engine_config_through_sglangs_own_config_parser():
+    """``launch_server --config engine_configs/sglang/smollm2_cpu_sage.yaml`` resolves to the YAML's SAGE values."""
+    yaml_path = REPO / "engine_configs" / "sglang" / "smollm2_cpu_sage.yaml"
+    args = prepare_server_args(["--config", str(yaml_path), "--model-path", "target",
+                                "--speculative-draft-model-path", "draft"])  # fmt: skip
+    assert args.speculative_algorithm.upper() == "SAGE" and args.device == "cpu"
+    cfg = sage_config_of(args)
+    assert (cfg.k, cfg.d_max, cfg.d_cap, cfg.n_max, cfg.first_round_static) == (4, 4, 6, 11, False)

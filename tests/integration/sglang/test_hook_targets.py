@@ -17,6 +17,7 @@ pytest.importorskip("sglang")
 from sage_plugin.compat import SGLANG_VERSION  # noqa: E402
 from sage_plugin.runtimes.sglang.hooks import (  # noqa: E402
     ADD_CLI_ARGS,
+    ADD_SPECULATIVE_STATE,
     FROM_CLI_ARGS,
     HOOK_TARGETS,
     ORGANIZE_DRAFT_RESULTS,
@@ -29,6 +30,7 @@ HOOK_SHAPES = {
     ADD_CLI_ARGS: (staticmethod, ["parser"]),
     FROM_CLI_ARGS: (classmethod, ["cls", "args"]),
     ORGANIZE_DRAFT_RESULTS: (None, ["score_list", "token_list", "parents_list", "num_draft_token"]),
+    ADD_SPECULATIVE_STATE: (None, ["self", "state"]),
 }
 
 #: Upstream symbols the adapter calls or subclasses (not hooked, but pinned by the same version).

@@ -1,0 +1,201 @@
+"""End to end on CPU: ``python -m sglang.launch_server --config engine_configs/sglang/smollm2_cpu_sage.yaml``.
+
+Two servers started as a user would (module-scoped, in their own process groups, torn down at the end): plain
+decoding and SAGE (from the YAML engine config, draft = the bundled trained draft, else the target's first 4
+layers).  Greedy outputs must be token-identical; concurrency, abort and KV-pool accounting are checked on the
+SAGE server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from .conftest import REPO  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+CPU_CONFIG = REPO / "engine_configs" / "sglang" / "smollm2_cpu_sage.yaml"
+START_TIMEOUT_S = 420
+PLAIN_FLAGS = ("--device", "cpu", "--dtype", "float32", "--attention-backend", "torch_native",
+               "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
+               "--mem-fraction-static", "0.1", "--max-total-tokens", "16384", "--max-running-requests", "16")  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A ``sglang.launch_server`` child in its own process group, with a tiny JSON client."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.port = _free_port()
+        self.log = log
+        argv = [sys.executable, "-m", "sglang.launch_server", *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.argv = argv
+        self._fh = open(log, "w")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=self._fh, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                    if r.status == 200 and "fired up" in log.read_text():
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"server not ready in {START_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
+            time.sleep(2)
+
+    def post(self, path: str, payload: dict, timeout: float = 900) -> dict:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            body = r.read()
+        return json.loads(body) if body else {}
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=60) as r:
+            return json.loads(r.read())
+
+    def generate(self, text: str, max_new_tokens: int, **extra) -> dict:
+        params = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
+        return self.post("/generate", {"text": text, "sampling_params": params, **extra})
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._fh.close()
+
+
+def _draft_dir(target_dir: Path) -> Path:
+    from sage_plugin.models import bundled_draft_dir, truncated_draft
+
+    return bundled_draft_dir() or truncated_draft(target_dir, 4)
+
+
+def _prompts(n: int) -> list[str]:
+    from sage_plugin.bench.prompts import mixed_text_prompts, render_chat
+    from sage_plugin.models import load_tokenizer
+
+    from .conftest import TARGET_DIR
+
+    tok = load_tokenizer(TARGET_DIR)
+    return [tok.decode(render_chat(tok, p)) for p in mixed_text_prompts(n)]
+
+
+def _parallel(fn, items):
+    out: list = [None] * len(items)
+
+    def work(i, item):
+        out[i] = fn(item)
+
+    threads = [threading.Thread(target=work, args=(i, it)) for i, it in enumerate(items)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+@pytest.fixture(scope="module")
+def servers(target_dir, launch_env, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("sglang_logs")
+    plain = Server(["--model-path", str(target_dir), *PLAIN_FLAGS], launch_env, logs / "plain.log")
+    try:
+        sage = Server(["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
+                       "--speculative-draft-model-path", str(_draft_dir(target_dir))],
+                      launch_env, logs / "sage.log")  # fmt: skip
+    except BaseException:
+        plain.stop()
+        raise
+    yield plain, sage
+    sage.stop()
+    plain.stop()
+
+
+@pytest.fixture(scope="module")
+def kv_start(servers):
+    _, sage = servers
+    return sage.get("/server_info")["internal_states"][0]["sage"]["kv_available_tokens"]
+
+
+def test_greedy_outputs_equal_plain_serving_on_20_prompts(servers, kv_start):
+    plain, sage = servers
+    prompts = _prompts(20)
+    ref = _parallel(lambda p: plain.generate(p, 32), prompts)
+    got = _parallel(lambda p: sage.generate(p, 32), prompts)
+    same = [r["output_ids"] == g["output_ids"] for r, g in zip(ref, got)]
+    assert all(same), [(i, r["text"], g["text"]) for i, (r, g, s) in enumerate(zip(ref, got, same)) if not s]
+    accept = [g["meta_info"]["spec_accept_length"] for g in got]
+    assert sum(accept) / len(accept) > 1.0, accept
+
+
+def test_16_concurrent_mixed_lengths_equal_plain(servers, kv_start):
+    plain, sage = servers
+    prompts = _prompts(16)
+    lengths = [4 + 5 * (i % 7) for i in range(16)]
+    jobs = list(zip(prompts, lengths))
+    ref = _parallel(lambda j: plain.generate(*j), jobs)
+    got = _parallel(lambda j: sage.generate(*j), jobs)
+    for (_, n), r, g in zip(jobs, ref, got):
+        assert g["output_ids"] == r["output_ids"], (n, r["text"], g["text"])
+        assert g["meta_info"]["completion_tokens"] <= n
+
+
+def test_abort_request_and_sage_metrics(servers, kv_start):
+    _, sage = servers
+    rid = "sage-abort-test"
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.update(sage.generate(_prompts(1)[0], 2000, rid=rid)))
+    t.start()
+    time.sleep(8)
+    sage.post("/abort_request", {"rid": rid})
+    t.join(timeout=300)
+    assert not t.is_alive()
+    finish = box["meta_info"]["finish_reason"]
+    assert finish["type"] == "abort", finish
+    assert box["meta_info"]["completion_tokens"] < 2000
+    info = sage.get("/server_info")["internal_states"][0]["sage"]
+    assert info["sage_rounds"] > 0
+    assert 0.0 <= info["sage_mean_alpha"] <= 1.0
+    assert 2 <= info["sage_mean_depth"] <= 6 and 1 <= info["sage_mean_width"] <= 4
+    assert info["sage_mean_accept_length"] >= 1.0
+
+
+def test_kv_pool_returns_to_its_starting_free_size(servers, kv_start):
+    _, sage = servers
+    sage.post("/flush_cache", {})
+    deadline = time.monotonic() + 60
+    while True:
+        info = sage.get("/server_info")["internal_states"][0]["sage"]
+        if info["kv_available_tokens"] == kv_start or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert info["kv_available_tokens"] == kv_start, (info, kv_start)
