@@ -86,6 +86,7 @@ def export_draft(ckpt: str | Path, out_dir: str | Path, *, target_dir: str | Pat
     if evaluate:
         figures = evaluate_draft(target_dir, out_dir, limit=eval_limit, gen_tokens=eval_gen_tokens, device=device,
                                  progress=progress, cache_dir=cache_dir)
+        (out_dir / "eval.json").write_text(json.dumps(figures, indent=1))
     (out_dir / "README.md").write_text(_model_card(state, target_dir, size_mb, figures, keep.numel(), vocab))
     return figures
 
@@ -122,9 +123,10 @@ It is not meant to be used on its own.
   windows of {a['seq_len']} tokens; loss = cross-entropy on the target argmax + {a['kl_weight']} x KL to the
   target's top-{a['topk']} distribution.
 - Data: {data.get('chat_tokens', '?')} tokens of the target's greedy answers to {data.get('chat_prompts', '?')}
-  offline-generated chat prompts (templated requests, role-play, GSM8K, arithmetic, coding, HumanEval-style
+  offline-generated chat prompts (templated requests, role-play, arithmetic, coding, HumanEval-style
   prompts built from CPython stdlib functions) and {data.get('text_tokens', '?')} tokens of CPython stdlib
-  sources (plus Debian python3.11-doc when installed).  MT-Bench and HumanEval were held out.
+  sources (plus Debian python3.11-doc when installed).  No bundled benchmark prompt (MT-Bench, GSM8K,
+  HumanEval) was used.
 - {state['step']} steps, {state['tokens_seen']:,} training tokens, AdamW lr {a['lr']} ({a['schedule']}),
   batch {a['batch_size']}x{a['seq_len']}, seed {a['seed']}.
 - Output head trained over the {n_keep} most frequent target labels (`sage_draft.json`: `head_token_ids`);
@@ -138,8 +140,8 @@ It is not meant to be used on its own.
 sage train-draft --out RUN --steps {a['steps']} --batch-size {a['batch_size']} --lr {a['lr']} \\
   --seq-len {a['seq_len']} --text-tokens {a['text_tokens']} --gen-prompts {a['gen_prompts']} \\
   --gen-max-new-tokens {a['gen_max_new_tokens']} \\
-  --layers {a['layers']} --hidden {a['hidden']} --heads {a['heads']} --intermediate {a['intermediate']} \\
-  --head-vocab {a['head_vocab']} --init-embeddings {a['init_embeddings']} --kl-weight {a['kl_weight']} \\
+  --layers {a['layers']} --hidden {a['hidden']} --heads {a['heads']} --kv-heads {a.get('kv_heads') or a['heads']} \\
+  --intermediate {a['intermediate']} --chat-repeat {a.get('chat_repeat', 2)} --head-vocab {a['head_vocab']} --init-embeddings {a['init_embeddings']} --kl-weight {a['kl_weight']} \\
   --seed {a['seed']}
 ```
 
