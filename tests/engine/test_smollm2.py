@@ -63,3 +63,29 @@ def test_sage_and_static_lossless_batch1_standin_draft(setup):
         for req in subset:
             out = engine.generate([req], sp, build_policy(SageConfig(policy=policy)))[0]
             assert out.tokens == ref[out.request_id], (policy, req.request_id)
+
+
+def test_bundled_draft_is_a_plain_hf_llama_and_is_lossless_and_accepted(setup):
+    """The shipped draft: plain full-vocabulary HF Llama under 32 MB with a model card; lossless; accepted."""
+    import json
+
+    from sage_plugin.models import bundled_draft_dir, draft_head_ids
+
+    _, tok, target, reqs = setup
+    draft_dir = bundled_draft_dir()
+    assert draft_dir is not None, "sage_plugin/assets/drafts/smollm2-draft is missing"
+    assert (draft_dir / "model.safetensors").stat().st_size <= 32 * 1024 * 1024
+    assert "## Measured" in (draft_dir / "README.md").read_text()
+    cfg = json.loads((draft_dir / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["vocab_size"] == target.vocab_size
+    head = draft_head_ids(draft_dir)
+    model = load_causal_lm(draft_dir)
+    engine = SpecEngine(target, TextAdapter(model, head))
+    sp = SamplingParams(max_new_tokens=32, stop_token_ids=(tok.eos_token_id,))
+    subset = reqs[:4]
+    ref = {o.request_id: o.tokens for o in engine.generate(subset, sp, None)}
+    outs = engine.generate(subset, sp, build_policy(SageConfig(policy="chain")))
+    assert {o.request_id: o.tokens for o in outs} == ref
+    tokens = sum(len(o.tokens) - 1 for o in outs)
+    rounds = sum(len(o.rounds) for o in outs)
+    assert tokens / rounds > 1.2, "the trained draft must be accepted well above the stand-in (about 1.05)"
