@@ -31,7 +31,8 @@ CPU_CONFIG = REPO / "engine_configs" / "sglang" / "smollm2_cpu_sage.yaml"
 START_TIMEOUT_S = 420
 PLAIN_FLAGS = ("--device", "cpu", "--dtype", "float32", "--attention-backend", "torch_native",
                "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
-               "--mem-fraction-static", "0.1", "--max-total-tokens", "16384", "--max-running-requests", "16")  # fmt: skip
+               "--mem-fraction-static", "0.1", "--max-total-tokens", "16384", "--max-running-requests", "16",
+               "--sleep-on-idle")  # fmt: skip
 
 
 def _free_port() -> int:
