@@ -125,6 +125,7 @@ def select_shaped(
     else:
         order = -torch.arange(m, device=dev, dtype=torch.float32).expand(bsz, m)
     d = depth[:, None]
+    par_local = torch.where(has_parent, local.gather(1, pidx), torch.ones_like(local))
 
     kept = torch.zeros(bsz, m, dtype=torch.bool, device=dev)
     joint_s = torch.ones_like(local)  # joint probability in the configured space, filled level by level
@@ -136,7 +137,6 @@ def select_shaped(
             w_l = width[:, None].expand(bsz, m)
             parent_ok = torch.ones_like(kept)
         else:
-            par_local = torch.where(has_parent, local.gather(1, pidx), torch.ones_like(local))
             p_par = par_js if cfg.parent_prob == "joint" else par_local
             w_l = round_mode(width[:, None] * (0.5 + p_par) / lvl, cfg.rounding)
             if cfg.clamp_level_width:

@@ -65,7 +65,7 @@ def evaluate_draft(target_dir: str | Path, draft_dir: str | Path, *, datasets: S
     from that match sequence with :func:`chain_tau` (tokens per target step, bonus included).
     """
     from sage_plugin.bench.prompts import load_prompts, render_chat
-    from sage_plugin.models import DEFAULT_CACHE_DIR, load_causal_lm, load_tokenizer
+    from sage_plugin.models import DEFAULT_CACHE_DIR, draft_head_ids, load_causal_lm, load_tokenizer
 
     target_dir, draft_dir = Path(target_dir), Path(draft_dir)
     dev = resolve_device(str(device) if device is not None else "auto")
@@ -73,10 +73,9 @@ def evaluate_draft(target_dir: str | Path, draft_dir: str | Path, *, datasets: S
     tok = load_tokenizer(target_dir)
     target = load_causal_lm(target_dir, device=dev)
     draft = load_causal_lm(draft_dir, device=dev)
-    head_ids = None
-    meta_path = draft_dir / "sage_draft.json"
-    if meta_path.is_file():
-        head_ids = torch.tensor(json.loads(meta_path.read_text())["head_token_ids"], device=dev)
+    head_ids = draft_head_ids(draft_dir)
+    if head_ids is not None:
+        head_ids = head_ids.to(dev)
     cache = Path(cache_dir) if cache_dir else DEFAULT_CACHE_DIR / "eval_continuations"
     cache.mkdir(parents=True, exist_ok=True)
     key = _eval_cache_key(target_dir, gen_tokens)

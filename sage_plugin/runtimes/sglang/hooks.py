@@ -102,10 +102,10 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
     """AROUND ``_add_speculative(self, state)``: SGLang's speculative fields, then ``state["sage"]``."""
     original(self, state)
     scheduler = self.scheduler
-    stats = getattr(getattr(scheduler, "draft_worker", None), "_draft_worker", None)
-    if stats is None or not hasattr(stats, "sage_stats"):
+    draft = getattr(getattr(scheduler, "draft_worker", None), "_draft_worker", None)
+    if draft is None or not hasattr(draft, "sage_stats"):
         return
-    section = dict(stats.sage_stats())
+    section = dict(draft.sage_stats())
     section["kv_available_tokens"] = int(scheduler.token_to_kv_pool_allocator.available_size())
     section["kv_evictable_tokens"] = int(scheduler.tree_cache.evictable_size())
     state["sage"] = section
