@@ -1,15 +1,36 @@
 """Repository-wide pytest configuration.
 
 ``--doctest-modules`` imports every module under ``sage_plugin/``.  Adapter modules that subclass a
-runtime's classes import that runtime at module level; without the runtime installed (CI's main venv
-has no SGLang) they are left out of doctest collection instead of failing it.  Their tests live in
-``tests/integration/<runtime>/`` and skip there.
+runtime's classes import that runtime at module level; without the runtime installed (a venv set up by
+plain ``tools/setup.sh``) they are left out of doctest collection instead of failing it.  Their tests live
+in ``tests/integration/<runtime>/`` and skip there.
+
+With SGLang installed (``tools/setup.sh --sglang``) on a machine without an NVIDIA driver, the CUDA-built
+``sgl_kernel`` links ``libcuda.so.1``: ``tools/setup_sglang.sh`` unpacks Debian's user-space copy into
+``.sglang-libcuda/``.  This file does what ``source .sglang-libcuda/env.sh`` does for a shell, before any
+test imports SGLang: it loads that library into this process (the loader then resolves ``sgl_kernel``'s
+dependency to it), puts its directory on ``LD_LIBRARY_PATH`` for the servers the tests launch, and selects
+SGLang's CPU engine.  So README's single test command also runs the SGLang tier.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import importlib.util
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent
+#: Where tools/setup_sglang.sh unpacks libcuda1 (Debian's layout inside the .deb).
+LIBCUDA_DIR = REPO / ".sglang-libcuda" / "usr" / "lib" / "x86_64-linux-gnu" / "nvidia" / "current"
 
 collect_ignore: list[str] = []
 if importlib.util.find_spec("sglang") is None:
     collect_ignore += ["sage_plugin/runtimes/sglang/algo.py", "sage_plugin/runtimes/sglang/worker.py"]
+elif ctypes.util.find_library("cuda") is None and (LIBCUDA_DIR / "libcuda.so.1").is_file():
+    ctypes.CDLL(str(LIBCUDA_DIR / "libcuda.so.1"), mode=ctypes.RTLD_GLOBAL)
+    old = os.environ.get("LD_LIBRARY_PATH", "")
+    if str(LIBCUDA_DIR) not in old.split(":"):
+        os.environ["LD_LIBRARY_PATH"] = f"{LIBCUDA_DIR}:{old}" if old else str(LIBCUDA_DIR)
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")

