@@ -38,3 +38,42 @@ def test_sglang_config_is_a_valid_sage_launch(path):
     assert sizes.topk >= 2 and sizes.num_steps >= 1 and sizes.num_draft_tokens >= 2
     if data.get("device") == "cpu":  # what the CPU demo can afford per verify
         assert sizes.num_draft_tokens <= 16 and sizes.topk * sizes.num_steps <= 32
+
+
+GPU_CONFIGS = [p for p in SGLANG_CONFIGS if yaml.safe_load(p.read_text()).get("device", "cuda") != "cpu"]
+#: the GPU serving configs the SGLang issue asks for: target, draft kind
+EXPECTED_GPU = {
+    "qwen2_5_vl_7b_eagle3_sage.yaml": ("Qwen/Qwen2.5-VL-7B-Instruct", "eagle3"),
+    "qwen2_5_vl_72b_eagle3_sage.yaml": ("Qwen/Qwen2.5-VL-72B-Instruct", "eagle3"),
+    "llava_ov_72b_7b_draft_sage.yaml": ("lmms-lab/llava-onevision-qwen2-72b-ov-sft", "standalone"),
+}
+#: attention heads / KV heads of the GPU targets (tensor parallelism must divide both)
+HEADS = {"Qwen/Qwen2.5-VL-7B-Instruct": (28, 4), "Qwen/Qwen2.5-VL-72B-Instruct": (64, 8),
+         "lmms-lab/llava-onevision-qwen2-72b-ov-sft": (64, 8)}
+
+
+def test_the_gpu_serving_configs_exist():
+    assert sorted(p.name for p in GPU_CONFIGS) == sorted(EXPECTED_GPU)
+
+
+@pytest.mark.parametrize("path", GPU_CONFIGS, ids=lambda p: p.name)
+def test_gpu_config_is_a_serving_config(path):
+    data = yaml.safe_load(path.read_text())
+    target, kind = EXPECTED_GPU[path.name]
+    assert data["model-path"] == target
+    assert data["dtype"] in ("bfloat16", "float16")
+    heads, kv_heads = HEADS[target]
+    tp = data.get("tp-size", 1)
+    assert heads % tp == 0 and kv_heads % tp == 0, (heads, kv_heads, tp)
+    # a tree (topk > 1) with CUDA graphs needs a tree-capable GPU backend; CUDA graphs stay on
+    assert data["attention-backend"] in ("fa3", "flashinfer", "triton")
+    assert "cuda-graph-backend-decode" not in data and not data.get("disable-cuda-graph", False)
+    assert data.get("sage-first-round-static") is False, "the SGLang worker plans round 1 from alpha_init"
+    sage = {BY_FLAG[k].field: v for k, v in data.items() if k.startswith("sage-")}
+    sizes = spec_sizes(SageConfig.from_mapping(sage))
+    assert 2 <= sizes.topk <= 10 and sizes.num_draft_tokens <= 64
+    draft = data.get("speculative-draft-model-path")
+    if kind == "standalone":
+        assert draft, "a standalone draft is named in the file"
+    text = path.read_text()
+    assert ("SAGE_EAGLE3" in text) == (kind == "eagle3")

@@ -62,7 +62,8 @@ def register() -> None:
 
     In order: honour ``SAGE_ENABLED=0``; check the SGLang version against the pin (unless
     ``SAGE_SKIP_VERSION_CHECK=1``); register the flag hooks; on CPU, register the pure-torch
-    ``sgl_kernel`` ops; register the ``SAGE`` algorithm with :class:`.algo.SageSpecAlgo`.
+    ``sgl_kernel`` ops; register the ``SAGE`` algorithm with :class:`.algo.SageSpecAlgo` (and its EAGLE-head variants
+    ``SAGE_EAGLE``/``SAGE_EAGLE3``, :data:`.algo.REGISTRATIONS`).
 
     Idempotent: a module guard makes later calls no-ops, and each step also checks SGLang's registries
     (hooks, algorithms, ops), so even a second copy of this module registers nothing twice.
@@ -128,20 +129,21 @@ def _register_cpu_ops() -> None:
 def _register_algorithm() -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from .algo import SageSpecAlgo, sage_worker_factory, validate_server_args
+    from .algo import REGISTRATIONS, validate_server_args
 
-    try:
-        existing = SpeculativeAlgorithm.from_string(ALGORITHM)
-    except ValueError:  # "Unknown speculative algorithm name": not registered yet
-        existing = None
-    if existing is not None:
-        cls = type(existing)
-        if (cls.__module__, cls.__qualname__) == (SageSpecAlgo.__module__, SageSpecAlgo.__qualname__):
-            return  # registered by an earlier copy of this module
-        raise RuntimeError(f"speculative algorithm {ALGORITHM} is already registered by someone else: {existing!r}")
-    SpeculativeAlgorithm.register(
-        ALGORITHM,
-        supports_overlap=False,  # the SAGE worker runs with the overlap scheduler off (handle_server_args)
-        validate_server_args=validate_server_args,
-        spec_class=SageSpecAlgo,
-    )(sage_worker_factory)
+    for name, (spec_class, factory) in REGISTRATIONS.items():
+        try:
+            existing = SpeculativeAlgorithm.from_string(name)
+        except ValueError:  # "Unknown speculative algorithm name": not registered yet
+            existing = None
+        if existing is not None:
+            cls = type(existing)
+            if (cls.__module__, cls.__qualname__) == (spec_class.__module__, spec_class.__qualname__):
+                continue  # registered by an earlier copy of this module
+            raise RuntimeError(f"speculative algorithm {name} is already registered by someone else: {existing!r}")
+        SpeculativeAlgorithm.register(
+            name,
+            supports_overlap=False,  # the SAGE worker runs with the overlap scheduler off (handle_server_args)
+            validate_server_args=validate_server_args,
+            spec_class=spec_class,
+        )(factory)

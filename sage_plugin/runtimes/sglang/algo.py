@@ -1,11 +1,24 @@
-"""``SageSpecAlgo``: how SGLang 0.5.23's scheduler sees ``--speculative-algorithm sage``.
+"""``SageSpecAlgo`` and its EAGLE variants: how SGLang 0.5.23's scheduler sees ``--speculative-algorithm sage``.
 
-SAGE runs STANDALONE-shaped: a separate draft model with its own embeddings and lm_head, no hidden
-states relayed from the target, and EAGLE's tree verify.  So every predicate answers like SGLang's
-built-in ``SpeculativeAlgorithm.STANDALONE`` (``is_standalone()`` True, ``is_eagle()`` False), which
-routes SAGE through the branches STANDALONE already takes (draft KV pool sizing, FutureMap top-k
-buffers, draft-extend without hidden states).  ``tests/integration/sglang/test_registration.py`` checks
-the predicates against STANDALONE's, and that every method the enum has exists here.
+SAGE drafts with one of SGLang's two draft kinds and keeps that kind's plumbing; the draft checkpoint decides
+which (:func:`draft_kind_of`, from its ``architectures``), so ``--speculative-algorithm sage`` is all a user types:
+
+=========================  ==============  ===========================================================
+draft                      registered as   predicates mirror (draft KV sizing, FutureMap, hidden states)
+=========================  ==============  ===========================================================
+standalone causal LM       ``SAGE``         ``STANDALONE``: own embeddings/lm_head, no hidden-state relay
+EAGLE head (``*Eagle``)    ``SAGE_EAGLE``   ``EAGLE``: target hidden states in, target embed/head shared
+EAGLE3 head (``*Eagle3``)  ``SAGE_EAGLE3``  ``EAGLE3``: three captured target layers, own reduced head
+=========================  ==============  ===========================================================
+
+:func:`validate_server_args` (run by SGLang for ``SAGE`` during resolution) reads the draft's kind and, for an
+EAGLE/EAGLE3 head, declares ``speculative_algorithm = SAGE_EAGLE``/``SAGE_EAGLE3``, the way SGLang itself
+resolves ``NEXTN`` to ``EAGLE``: every later reader (scheduler, workers, model runner capturing EAGLE3's aux hidden
+states) then sees the variant whose predicates match the draft.  The variant names are accepted directly too.
+One deviation from the mirrored built-in: ``supports_mixed_chunk`` is False for all three (the SAGE worker keeps
+per-request state across decode steps and resets it on a prefill; mixed batches are turned off).
+``tests/integration/sglang/test_registration.py`` checks every predicate against the mirrored built-in and that
+every method the enum has exists here.
 
 Besides the predicates, SGLang calls four methods that ``CustomSpecAlgo`` lacks in 0.5.23
 (``patches/SGLANG_PLUGIN_RESEARCH.md`` §2b): ``create_future_map`` (scheduler), ``carries_draft_hidden_states``
@@ -23,7 +36,9 @@ stand-in of the ``ServerArgs`` record (plain attribute writes only; SGLang decla
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
@@ -37,7 +52,17 @@ if TYPE_CHECKING:
     import torch
     from sglang.srt.managers.overlap_utils import FutureMap
 
-__all__ = ["SageSpecAlgo", "sage_config_of", "sage_worker_factory", "validate_server_args"]
+__all__ = [
+    "VARIANTS",
+    "SageEagle3SpecAlgo",
+    "SageEagleSpecAlgo",
+    "SageSpecAlgo",
+    "draft_kind_of",
+    "sage_config_of",
+    "sage_eagle_worker_factory",
+    "sage_worker_factory",
+    "validate_server_args",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +83,38 @@ def sage_config_of(server_args: Any) -> SageConfig:
     return build_sage_config(sage_cli_of(server_args))
 
 
+def draft_kind_of(architectures: list[str] | tuple[str, ...]) -> str:
+    """``"eagle3"``, ``"eagle"`` or ``"standalone"`` from a draft config's ``architectures``.
+
+    >>> draft_kind_of(["LlamaForCausalLMEagle3"]), draft_kind_of(["Qwen2ForCausalLMEagle"])
+    ('eagle3', 'eagle')
+    >>> draft_kind_of(["LlamaForCausalLM"])
+    'standalone'
+    """
+    names = [a.lower() for a in architectures or ()]
+    if any("eagle3" in a for a in names):
+        return "eagle3"
+    if any("eagle" in a for a in names):
+        return "eagle"
+    return "standalone"
+
+
+def _draft_architectures(path: str, revision: str | None) -> list[str] | None:
+    """The ``architectures`` of a draft checkpoint (local directory, else the HF cache or hub); None if unknown."""
+    local = Path(path).expanduser()
+    try:
+        if local.exists():
+            cfg = json.loads((local / "config.json").read_text())
+        else:
+            from huggingface_hub import hf_hub_download
+
+            cfg = json.loads(Path(hf_hub_download(path, "config.json", revision=revision)).read_text())
+    except Exception as exc:  # noqa: BLE001 (no config reachable: the caller decides)
+        logger.debug("draft config of %s not readable: %s", path, exc)
+        return None
+    return list(cfg.get("architectures") or [])
+
+
 def validate_server_args(server_args: Any) -> None:
     """SGLang's ``validate_server_args`` callback: reject a SAGE launch SAGE cannot run, before it starts.
 
@@ -75,10 +132,37 @@ def validate_server_args(server_args: Any) -> None:
         num_steps=server_args.speculative_num_steps,
         num_draft_tokens=server_args.speculative_num_draft_tokens,
     )
-    if server_args.speculative_draft_model_path is None:
+    draft = server_args.speculative_draft_model_path
+    if draft is None:
         raise ConfigError(
-            "--speculative-algorithm sage needs --speculative-draft-model-path: SAGE drafts with a separate "
-            "draft model (STANDALONE-style)"
+            "--speculative-algorithm sage needs --speculative-draft-model-path: a separate draft model "
+            "(STANDALONE-style) or an EAGLE/EAGLE3 head"
+        )
+    name = str(server_args.speculative_algorithm).upper()
+    archs = _draft_architectures(str(draft), server_args.speculative_draft_model_revision)
+    if archs is None:
+        if name == "SAGE":
+            raise ConfigError(
+                f"--speculative-draft-model-path {draft}: no config.json readable, so SAGE cannot tell a "
+                "standalone draft from an EAGLE head; pass --speculative-algorithm sage_eagle or sage_eagle3 "
+                "for a head (sage itself means a standalone draft once the config is reachable)"
+            )
+        kind = {v: k for k, v in VARIANTS.items()}[name]
+    else:
+        kind = draft_kind_of(archs)
+        want = VARIANTS[kind]
+        if name == "SAGE" and want != name:
+            server_args.speculative_algorithm = want  # declared by SGLang's recorder, read by every process
+            logger.info("SAGE: %s is an %s draft head: running as %s", draft, kind.upper(), want)
+        elif name != want:
+            raise ConfigError(
+                f"--speculative-algorithm {name.lower()} does not match the draft {draft} ({', '.join(archs)}: "
+                f"{kind}); use --speculative-algorithm sage (it picks {want.lower()})"
+            )
+    if cfg.first_round_static:
+        logger.warning(
+            "SAGE: --sage-first-round-static is a reference-engine feature; the SGLang worker plans each request's "
+            "first round from --sage-alpha-init (pass --sage-first-round-static false to silence this)"
         )
     defaults = SageConfig().to_dict()
     changed = {k: v for k, v in cfg.to_dict().items() if v != defaults[k]}
@@ -93,8 +177,14 @@ class SageSpecAlgo(CustomSpecAlgo):
     therefore turns overlap scheduling off on every device.
     """
 
+    #: the built-in algorithm whose plumbing this variant takes (see the module table)
+    MIRRORS = "STANDALONE"
+
     def is_standalone(self) -> bool:
         return True
+
+    def supports_mixed_chunk(self) -> bool:
+        return False
 
     def need_topk(self) -> bool:
         return True
@@ -160,7 +250,7 @@ class SageSpecAlgo(CustomSpecAlgo):
             logger.warning("SAGE: overlap scheduling disabled (not supported by the SAGE worker yet)")
         if server_args.enable_mixed_chunk:
             server_args.enable_mixed_chunk = False
-            logger.warning("SAGE: mixed chunked prefill disabled (not supported with a separate draft model)")
+            logger.warning("SAGE: mixed chunked prefill disabled (not supported by the SAGE worker)")
         page_size = server_args.page_size
         if sizes.topk > 1 and page_size is not None and page_size > 1:
             backend = server_args.attention_backend
@@ -171,8 +261,49 @@ class SageSpecAlgo(CustomSpecAlgo):
                 )
 
 
+class SageEagleSpecAlgo(SageSpecAlgo):
+    """``SAGE_EAGLE``: SAGE over an EAGLE head (target hidden states in; the target's embeddings and lm_head)."""
+
+    MIRRORS = "EAGLE"
+
+    def is_standalone(self) -> bool:
+        return False
+
+    def is_eagle(self) -> bool:
+        return True
+
+    def carries_draft_hidden_states(self) -> bool:
+        return True
+
+
+class SageEagle3SpecAlgo(SageEagleSpecAlgo):
+    """``SAGE_EAGLE3``: SAGE over an EAGLE3 head (the target captures three layers' hidden states for it)."""
+
+    MIRRORS = "EAGLE3"
+
+    def is_eagle3(self) -> bool:
+        return True
+
+
 def sage_worker_factory(server_args: Any) -> type:
     """SGLang's worker factory for ``SAGE``: :class:`.worker.SageWorkerV2` (imported on first use)."""
     from .worker import SageWorkerV2
 
     return SageWorkerV2
+
+
+def sage_eagle_worker_factory(server_args: Any) -> type:
+    """SGLang's worker factory for ``SAGE_EAGLE``/``SAGE_EAGLE3``: :class:`.worker.SageEagleWorkerV2`."""
+    from .worker import SageEagleWorkerV2
+
+    return SageEagleWorkerV2
+
+
+#: draft kind -> registered algorithm name
+VARIANTS = {"standalone": "SAGE", "eagle": "SAGE_EAGLE", "eagle3": "SAGE_EAGLE3"}
+#: registered name -> (spec class, worker factory)
+REGISTRATIONS = {
+    "SAGE": (SageSpecAlgo, sage_worker_factory),
+    "SAGE_EAGLE": (SageEagleSpecAlgo, sage_eagle_worker_factory),
+    "SAGE_EAGLE3": (SageEagle3SpecAlgo, sage_eagle_worker_factory),
+}

@@ -1,4 +1,8 @@
-"""The SAGE worker for SGLang 0.5.23: SGLang's STANDALONE v2 worker with SAGE choosing each request's tree.
+"""The SAGE workers for SGLang 0.5.23: SGLang's EAGLE v2 workers with SAGE choosing each request's tree.
+
+Both draft kinds: :class:`SageWorkerV2` is SGLang's STANDALONE v2 worker (a separate draft model) and
+:class:`SageEagleWorkerV2` its EAGLE v2 worker (EAGLE and EAGLE3 heads, fed the target's hidden states); the SAGE
+part is the same two mixins on either (``algo.py`` picks the worker from the draft checkpoint).
 
 SGLang's EAGLE v2 draft step runs a fixed beam (``--speculative-num-steps`` draft forwards of
 ``--speculative-eagle-topk`` nodes) and verifies ``--speculative-num-draft-tokens - 1`` nodes per request, chosen
@@ -25,6 +29,8 @@ import logging
 from typing import Any
 
 import torch
+from sglang.srt.speculative.base_spec_worker import EagleDraftWorkerBase
+from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, StandaloneWorkerV2
 
 from sage_plugin.config import SageConfig
@@ -34,7 +40,7 @@ from sage_plugin.core.serving import SlotState
 from .algo import sage_config_of
 from .hooks import ACTIVE_SELECTION
 
-__all__ = ["BeamSelection", "SageDraftWorker", "SageWorkerV2"]
+__all__ = ["BeamSelection", "SageDraftWorker", "SageEagleDraftWorker", "SageEagleWorkerV2", "SageWorkerV2"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,12 +78,16 @@ class BeamSelection:
         return parent_list, sel.index, tokens.gather(1, sel.index)
 
 
-class SageDraftWorker(StandaloneDraftWorker):
-    """SGLang's standalone draft worker plus SAGE's per-round plan.
+class SageDraftMixin(EagleDraftWorkerBase):
+    """SAGE's per-round plan on top of an SGLang EAGLE v2 draft worker (standalone or EAGLE head).
 
-    :class:`SageWorkerV2` re-classes the ``StandaloneDraftWorker`` it built and calls :meth:`init_sage` (no
-    upstream ``__init__`` is copied).
+    The SAGE worker re-classes the draft worker SGLang built (to :class:`SageDraftWorker` or
+    :class:`SageEagleDraftWorker`) and calls :meth:`init_sage` (no upstream ``__init__`` is copied).
+    Deriving from SGLang's ``EagleDraftWorkerBase`` with ``__slots__ = ()`` keeps the object layout of the SGLang
+    class (CPython allows ``__class__`` assignment only between classes whose layout bases agree).
     """
+
+    __slots__ = ()
 
     def init_sage(self, cfg: SageConfig) -> None:
         self.sage_cfg = cfg
@@ -147,14 +157,28 @@ class SageDraftWorker(StandaloneDraftWorker):
                 "sage_mean_shaped_nodes": v["shaped_sum"] / n, "sage_mean_accept_length": v["accept_sum"] / n}
 
 
-class SageWorkerV2(StandaloneWorkerV2):
-    """``--speculative-algorithm sage``: STANDALONE v2 with :class:`SageDraftWorker` and the history feedback."""
+class SageDraftWorker(SageDraftMixin, StandaloneDraftWorker):
+    """SGLang's standalone draft worker (separate draft model) plus SAGE's per-round plan."""
 
-    def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
-        super().__init__(server_args, gpu_id, nccl_port, target_worker)
-        self._draft_worker.__class__ = SageDraftWorker
-        self._draft_worker.init_sage(sage_config_of(server_args))
-        logger.info("SAGE worker ready: %s", sage_config_of(server_args).to_dict())
+
+class SageEagleDraftWorker(SageDraftMixin, EagleDraftWorker):
+    """SGLang's EAGLE draft worker (EAGLE/EAGLE3 head on the target's hidden states) plus SAGE's per-round plan."""
+
+
+class SageWorkerMixin:
+    """Re-classes the draft worker to its SAGE class and feeds accept lengths to the per-request history."""
+
+    __slots__ = ()
+
+    #: the SAGE class the draft worker SGLang built becomes
+    sage_draft_cls: type
+
+    def _init_sage(self, server_args: Any) -> None:
+        cfg = sage_config_of(server_args)
+        if self._draft_worker is not None:  # None on pipeline stages that host no draft
+            self._draft_worker.__class__ = self.sage_draft_cls
+            self._draft_worker.init_sage(cfg)
+        logger.info("SAGE worker ready (%s): %s", type(self).__name__, cfg.to_dict())
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch
@@ -163,9 +187,29 @@ class SageWorkerV2(StandaloneWorkerV2):
         out = super().forward_batch_generation(
             batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
         )
-        if slots is not None and slots.numel() > 0 and not idle:
+        if self._draft_worker is not None and slots is not None and slots.numel() > 0 and not idle:
             if prefill:
                 self._draft_worker.sage_reset(slots)
             elif getattr(out, "accept_lens", None) is not None:
                 self._draft_worker.sage_observe(slots, out.accept_lens)
         return out
+
+
+class SageWorkerV2(SageWorkerMixin, StandaloneWorkerV2):
+    """``--speculative-algorithm sage`` with a standalone draft model: STANDALONE v2 + :class:`SageDraftWorker`."""
+
+    sage_draft_cls = SageDraftWorker
+
+    def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        self._init_sage(server_args)
+
+
+class SageEagleWorkerV2(SageWorkerMixin, EAGLEWorkerV2):
+    """``sage`` with an EAGLE/EAGLE3 head (``SAGE_EAGLE``/``SAGE_EAGLE3``): EAGLE v2 + :class:`SageEagleDraftWorker`."""
+
+    sage_draft_cls = SageEagleDraftWorker
+
+    def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        self._init_sage(server_args)

@@ -3,7 +3,8 @@
 Two servers started as a user would (module-scoped, in their own process groups, torn down at the end): plain
 decoding and SAGE (from the YAML engine config, draft = the bundled trained draft, else the target's first 4
 layers).  Greedy outputs must be token-identical; concurrency, abort and KV-pool accounting are checked on the
-SAGE server.
+SAGE server.  The same YAML with an EAGLE and an EAGLE3 head as the draft (random heads: no trained head exists
+for SmolLM2) must resolve to ``SAGE_EAGLE``/``SAGE_EAGLE3`` and give the plain server's tokens too.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pytest
 pytest.importorskip("sglang")
 
 from .conftest import REPO  # noqa: E402
+from .heads import make_eagle3_head, make_eagle_head  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -205,3 +207,27 @@ def test_kv_pool_returns_to_its_starting_free_size(servers, kv_start):
             break
         time.sleep(1)
     assert info["kv_available_tokens"] == kv_start, (info, kv_start)
+
+
+@pytest.mark.parametrize(("kind", "make", "algorithm"),
+                         [("eagle", make_eagle_head, "SAGE_EAGLE"), ("eagle3", make_eagle3_head, "SAGE_EAGLE3")])  # fmt: skip
+def test_eagle_heads_equal_plain(servers, target_dir, launch_env, tmp_path, kind, make, algorithm):
+    """``--speculative-algorithm sage`` with an EAGLE/EAGLE3 head: resolved to its variant, token-identical output."""
+    plain, _ = servers
+    head = make(target_dir, tmp_path / kind)
+    server = Server(["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
+                     "--speculative-draft-model-path", str(head)], launch_env, tmp_path / f"{kind}.log")  # fmt: skip
+    try:
+        prompts = _prompts(8)
+        ref = _parallel(lambda p: plain.generate(p, 24), prompts)
+        got = _parallel(lambda p: server.generate(p, 24), prompts)
+        info = server.get("/server_info")
+    finally:
+        server.stop()
+    assert f"is an {kind.upper()} draft head: running as {algorithm}" in (tmp_path / f"{kind}.log").read_text()
+    assert info["speculative_algorithm"] == algorithm
+    for r, g in zip(ref, got):
+        assert g["output_ids"] == r["output_ids"], (r["text"], g["text"])
+        assert g["meta_info"]["spec_verify_ct"] >= 1
+    sage = info["internal_states"][0]["sage"]
+    assert sage["sage_rounds"] > 0 and 0.0 <= sage["sage_mean_alpha"] <= 1.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import pickle
 from pathlib import Path
 
@@ -273,6 +274,28 @@ def test_derived_draft_tokens_are_capped_by_the_beam():
     assert view.speculative_num_draft_tokens == 2 + 2 * 2 * 2 + 1
 
 
+@pytest.mark.parametrize(
+    "yaml_path", sorted((REPO / "engine_configs" / "sglang").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_every_sglang_engine_config_parses_in_sglang(yaml_path):
+    """Every key is an SGLang (or SAGE) flag SGLang's ``--config`` accepts, and the SAGE values are valid."""
+    import yaml
+
+    data = yaml.safe_load(yaml_path.read_text())
+    extra = [] if "speculative-draft-model-path" in data else ["--speculative-draft-model-path", "draft"]
+    extra += [] if "model-path" in data else ["--model-path", "target"]
+    args = prepare_server_args(["--config", str(yaml_path), *extra])
+    assert args.speculative_algorithm.upper() == "SAGE"
+    assert args.model_path == data.get("model-path", args.model_path)
+    cfg = sage_config_of(args)
+    fields = {f.flag.removeprefix("--"): f.field for f in FLAGS}
+    for key, value in data.items():
+        if key.startswith("sage-"):
+            assert getattr(cfg, fields[key]) == value, key
+        else:
+            assert getattr(args, key.replace("-", "_")) == value, key
+
+
 def test_sglang_engine_config_through_sglangs_own_config_parser():
     """``launch_server --config engine_configs/sglang/smollm2_cpu_sage.yaml`` resolves to the YAML's SAGE values."""
     yaml_path = REPO / "engine_configs" / "sglang" / "smollm2_cpu_sage.yaml"
@@ -281,3 +304,53 @@ def test_sglang_engine_config_through_sglangs_own_config_parser():
     assert args.speculative_algorithm.upper() == "SAGE" and args.device == "cpu"
     cfg = sage_config_of(args)
     assert (cfg.k, cfg.d_max, cfg.d_cap, cfg.n_max, cfg.first_round_static) == (4, 4, 6, 11, False)
+
+
+# -- the draft checkpoint picks the variant ----------------------------------------------------------
+
+
+def draft_dir(tmp_path: Path, arch: str) -> Path:
+    d = tmp_path / arch
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    return d
+
+
+def resolved_algorithm(tmp_path: Path, arch: str, algorithm: str = "sage") -> str:
+    sa = record(base=["--model-path", "target", "--speculative-algorithm", algorithm,
+                      "--speculative-draft-model-path", str(draft_dir(tmp_path, arch))])  # fmt: skip
+    validate(sa)
+    return resolving_view(sa).speculative_algorithm
+
+
+@pytest.mark.parametrize(
+    ("arch", "expected"),
+    [("LlamaForCausalLM", "sage"), ("LlamaForCausalLMEagle", "SAGE_EAGLE"), ("Qwen2ForCausalLMEagle", "SAGE_EAGLE"),
+     ("LlamaForCausalLMEagle3", "SAGE_EAGLE3")],
+)  # fmt: skip
+def test_draft_kind_picks_the_variant(tmp_path, arch, expected):
+    """``sage`` + an EAGLE head is declared SAGE_EAGLE(3), so every process sees that variant's predicates."""
+    assert resolved_algorithm(tmp_path, arch) == expected
+    algo = SpeculativeAlgorithm.from_string(expected)
+    assert algo.is_eagle() == ("EAGLE" in expected.upper()) and algo.is_eagle3() == expected.endswith("EAGLE3")
+
+
+def test_explicit_variant_matching_the_draft(tmp_path):
+    assert resolved_algorithm(tmp_path, "LlamaForCausalLMEagle3", "sage_eagle3") == "sage_eagle3"
+
+
+@pytest.mark.parametrize(
+    ("arch", "algorithm"), [("LlamaForCausalLM", "sage_eagle3"), ("LlamaForCausalLMEagle3", "sage_eagle")]
+)
+def test_explicit_variant_not_matching_the_draft(tmp_path, arch, algorithm):
+    with pytest.raises(ConfigError, match=rf"--speculative-algorithm {algorithm} does not match the draft .*{arch}"):
+        resolved_algorithm(tmp_path, arch, algorithm)
+
+
+def test_unreadable_draft_config_needs_an_explicit_variant(tmp_path):
+    empty = tmp_path / "no-config"
+    empty.mkdir()
+    sa = record(base=["--model-path", "target", "--speculative-algorithm", "sage",
+                      "--speculative-draft-model-path", str(empty)])  # fmt: skip
+    with pytest.raises(ConfigError, match="no config.json readable"):
+        validate(sa)

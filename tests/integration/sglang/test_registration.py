@@ -17,7 +17,12 @@ import torch  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo, _assert_custom_spec_algo_conforms  # noqa: E402
 
-from sage_plugin.runtimes.sglang.algo import SageSpecAlgo  # noqa: E402
+from sage_plugin.runtimes.sglang.algo import (  # noqa: E402
+    REGISTRATIONS,
+    SageEagle3SpecAlgo,
+    SageEagleSpecAlgo,
+    SageSpecAlgo,
+)
 
 FRESH_PROCESS = """
 import argparse, json
@@ -47,6 +52,8 @@ plugin._registered = False  # past the module guard: the registry checks must ho
 plugin.register()
 
 out["same_algo"] = SpeculativeAlgorithm.from_string("SAGE") is algo
+out["variants"] = {n: [type(SpeculativeAlgorithm.from_string(n)).__name__, SpeculativeAlgorithm.from_string(n).factory.__name__]
+                   for n in ("sage_eagle", "sage_eagle3")}
 out["registry"] = sorted(_REGISTRY)
 out["sage_hooks"] = {
     t: sum(1 for _, h, _ in HookRegistry._hooks[t] if getattr(h, "__module__", "").startswith("sage_plugin"))
@@ -83,9 +90,17 @@ def test_load_plugins_registers_sage(fresh):
     assert fresh["factory"] == "sage_worker_factory"
 
 
+def test_eagle_variants_registered(fresh):
+    assert fresh["variants"] == {
+        "sage_eagle": ["SageEagleSpecAlgo", "sage_eagle_worker_factory"],
+        "sage_eagle3": ["SageEagle3SpecAlgo", "sage_eagle_worker_factory"],
+    }
+
+
 def test_register_is_idempotent(fresh):
     assert fresh["same_algo"]
     assert fresh["registry"].count("SAGE") == 1
+    assert fresh["registry"].count("SAGE_EAGLE") == 1 and fresh["registry"].count("SAGE_EAGLE3") == 1
     assert set(fresh["sage_hooks"].values()) == {1}, fresh["sage_hooks"]
 
 
@@ -171,13 +186,21 @@ def test_version_check_override(run_python):
 # -- conformance (no registration) -------------------------------------------------------------
 
 
-def _sage() -> SageSpecAlgo:
-    return SageSpecAlgo(name="SAGE", factory=lambda server_args: None, supports_overlap=False)
+def _sage(cls: type = SageSpecAlgo, name: str = "SAGE") -> SageSpecAlgo:
+    return cls(name=name, factory=lambda server_args: None, supports_overlap=False)
 
 
-def test_spec_class_conforms():
-    assert issubclass(SageSpecAlgo, CustomSpecAlgo)
-    _assert_custom_spec_algo_conforms(SageSpecAlgo)  # SGLang's own check (is_* / supports_*)
+SPEC_CLASSES = [SageSpecAlgo, SageEagleSpecAlgo, SageEagle3SpecAlgo]
+
+
+@pytest.mark.parametrize("cls", SPEC_CLASSES)
+def test_spec_class_conforms(cls):
+    assert issubclass(cls, CustomSpecAlgo)
+    _assert_custom_spec_algo_conforms(cls)  # SGLang's own check (is_* / supports_*)
+
+
+def test_registrations_cover_every_spec_class():
+    assert [spec for spec, _ in REGISTRATIONS.values()] == SPEC_CLASSES
 
 
 def test_every_enum_method_exists():
@@ -195,13 +218,20 @@ def test_every_enum_method_exists():
 PREDICATE_PREFIXES = ("is_", "supports_", "has_", "carries_", "need_")
 
 
+#: predicates where a SAGE variant deliberately differs from the built-in it mirrors (algo.py docstring)
+DEVIATIONS = {"supports_mixed_chunk": False}
+
+
+@pytest.mark.parametrize("cls", SPEC_CLASSES)
 @pytest.mark.parametrize(
     "name",
     sorted(n for n in vars(SpeculativeAlgorithm) if n.startswith(PREDICATE_PREFIXES)),
 )
-def test_predicates_match_standalone(name):
-    """SAGE is STANDALONE-shaped: a separate draft model, no hidden-state relay, EAGLE's tree verify."""
-    assert getattr(_sage(), name)() == getattr(SpeculativeAlgorithm.STANDALONE, name)(), name
+def test_predicates_match_the_mirrored_builtin(cls, name):
+    """SAGE takes the plumbing of its draft kind: STANDALONE, EAGLE or EAGLE3 (EAGLE's tree verify for all)."""
+    ours = getattr(_sage(cls), name)()
+    expected = DEVIATIONS.get(name, getattr(SpeculativeAlgorithm[cls.MIRRORS], name)())
+    assert ours == expected, (cls.__name__, name)
 
 
 def test_scheduler_methods():
@@ -228,3 +258,21 @@ def test_factory_gives_the_sage_worker():
 
     assert sage_worker_factory(None) is SageWorkerV2
     assert issubclass(SageWorkerV2, StandaloneWorkerV2) and issubclass(SageDraftWorker, StandaloneDraftWorker)
+    built = StandaloneDraftWorker.__new__(StandaloneDraftWorker)
+    built.__class__ = SageDraftWorker  # what SageWorkerV2 does to the draft worker SGLang built
+
+
+def test_eagle_factory_gives_the_sage_eagle_worker():
+    """EAGLE/EAGLE3 heads: SageEagleWorkerV2, an EAGLE v2 worker whose draft worker becomes SageEagleDraftWorker."""
+    pytest.importorskip("sgl_kernel")
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+    from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
+
+    from sage_plugin.runtimes.sglang.algo import sage_eagle_worker_factory
+    from sage_plugin.runtimes.sglang.worker import SageEagleDraftWorker, SageEagleWorkerV2
+
+    assert sage_eagle_worker_factory(None) is SageEagleWorkerV2
+    assert issubclass(SageEagleWorkerV2, EAGLEWorkerV2) and not issubclass(SageEagleWorkerV2, StandaloneWorkerV2)
+    assert issubclass(SageEagleDraftWorker, EagleDraftWorker)
+    built = EagleDraftWorker.__new__(EagleDraftWorker)
+    built.__class__ = SageEagleDraftWorker  # the mixins must not change the object layout
