@@ -682,3 +682,158 @@ def test_mutation_annotations(name):
     """opcheck: every tensor a kernel writes is declared (a!) in the schema, and the fake kernel traces."""
     args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in _mutating_cases()[name])
     torch.library.opcheck(getattr(ops(), name), args, test_utils=("test_schema", "test_faketensor"))
+
+
+# ------------------------------------------------------------------------------------------ sampling verify
+
+
+def ref_tree_sampling(cand, ri, nt, ns, coins, final, q, p, steps, predicts, accept, num, t_single=1.0, t_acc=1.0):
+    """Loop transcription of the CUDA ``tree_speculative_sampling_target_only`` (host lists; p mutated)."""
+    for b in range(len(cand)):
+        node, mass, coin = 0, 0.0, coins[b][0]
+        last = ri[b][0]
+        accept[b][0] = last
+        accepted, cur = 0, 0
+        for _ in range(1, steps):
+            cur = nt[b][cur]
+            while cur != -1:
+                tok = cand[b][cur]
+                tp = q[b][node][tok]
+                mass += tp
+                if tp > 0 and (coin < mass / t_acc or tp >= t_single):
+                    mass, node, coin = 0.0, cur, coins[b][cur]
+                    predicts[last] = tok
+                    accepted += 1
+                    accept[b][accepted] = ri[b][cur]
+                    last = ri[b][cur]
+                    break
+                p[b][node][tok] = tp
+                cur = ns[b][cur]
+            if cur == -1:
+                break
+        num[b] = accepted
+        resid = q[b][node] if accepted == steps - 1 else [max(x - y, 0.0) for x, y in zip(q[b][node], p[b][node])]
+        u, run, pick = final[b] * sum(resid), 0.0, None
+        for i, r in enumerate(resid):
+            run += r
+            if run > u:
+                pick = i
+                break
+        if pick is None:
+            pick = max([i for i, r in enumerate(resid) if r > 0], default=len(resid) - 1)
+        predicts[last] = pick
+
+
+def _probs(g: torch.Generator, *shape: int, zeros: float = 0.2) -> torch.Tensor:
+    logits = torch.randn(*shape, generator=g, dtype=torch.float64) * 2
+    logits[torch.rand(*shape, generator=g) < zeros] = float("-inf")
+    logits[..., 0] = logits[..., 0].clamp(min=-1.0)  # every row keeps some mass
+    return torch.softmax(logits, -1)
+
+
+@SETTINGS
+@given(eagle_configs(max_batch=4), st.integers(2, 5), st.integers(0, 2), st.sampled_from([1.0, 0.6]))
+def test_tree_sampling_matches_kernel_reference(cfg, vocab, extra_steps, threshold):
+    from sage_plugin.runtimes.sglang.cpu_ops.sampling_ops import tree_speculative_sampling_target_only_cpu
+
+    seed, bs, topk, steps, n, seq_lens = cfg
+    g = gen(seed + 7)
+    parent_list, selected = eagle_tree(seed, bs, topk, steps, n)
+    _, _, idx, nxt, sib = ref_build_tree(parent_list, selected, seq_lens, topk, n, QLEN_ONLY)
+    candidates = torch.randint(0, vocab, (bs, n), generator=g)
+    q = _probs(g, bs, n, vocab)
+    coins = torch.rand(bs, n, generator=g, dtype=torch.float64)
+    final = torch.rand(bs, generator=g, dtype=torch.float64)
+    num_steps = max(1, steps + 1 - extra_steps) if extra_steps < 2 else steps + 2
+    predicts = torch.full((bs * n,), -1, dtype=torch.int32)
+    accept = torch.full((bs, num_steps), -1, dtype=torch.int64)
+    num = torch.full((bs,), 99, dtype=torch.int32)
+    p = torch.zeros_like(q)
+    tree_speculative_sampling_target_only_cpu(
+        predicts=predicts, accept_index=accept, accept_token_num=num, candidates=candidates,
+        retrive_index=torch.tensor(idx), retrive_next_token=torch.tensor(nxt), retrive_next_sibling=torch.tensor(sib),
+        uniform_samples=coins, uniform_samples_for_final_sampling=final, target_probs=q, draft_probs=p,
+        threshold_single=threshold, threshold_acc=threshold,
+    )  # fmt: skip
+    want = [[-1] * (bs * n), [[-1] * num_steps for _ in range(bs)], [99] * bs]
+    p_ref = torch.zeros_like(q).tolist()
+    ref_tree_sampling(candidates.tolist(), idx, nxt, sib, coins.tolist(), final.tolist(), q.tolist(), p_ref,
+                      num_steps, *want, threshold, threshold)  # fmt: skip
+    assert [predicts.tolist(), accept.tolist(), num.tolist()] == want
+    assert torch.equal(p, torch.tensor(p_ref, dtype=p.dtype))
+
+
+def test_tree_sampling_worked_example():
+    """The module docstring's example: children a=0, b=1 of the root; q_root = [0.5, 0.3, 0.2]."""
+    from sage_plugin.runtimes.sglang.cpu_ops.sampling_ops import tree_speculative_sampling_target_only_cpu
+
+    def run(coin: float, final: float) -> tuple[list[int], list[int]]:
+        predicts = torch.full((3,), -1, dtype=torch.int32)
+        accept = torch.full((1, 2), -1, dtype=torch.int32)
+        num = torch.zeros(1, dtype=torch.int32)
+        q = torch.tensor([[[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [0.0, 0.0, 1.0]]])
+        tree_speculative_sampling_target_only_cpu(
+            predicts, accept, num, torch.tensor([[9, 0, 1]]), torch.arange(3)[None], torch.tensor([[1, -1, -1]]),
+            torch.tensor([[-1, 2, -1]]), torch.tensor([[coin, 0.5, 0.5]]), torch.tensor([final]), q,
+            torch.zeros_like(q),
+        )  # fmt: skip
+        return predicts.tolist(), accept.tolist()[0]
+
+    assert run(0.6, 0.0) == ([1, -1, 2], [0, 2])  # b accepted; bonus after b from q_b = [0, 0, 1]: token 2
+    assert run(0.9, 0.5) == ([2, -1, -1], [0, -1])  # a, b rejected: bonus from [0, 0, 0.2] -> c
+
+
+def test_tree_sampling_is_lossless():
+    """Over many coins, the first two emitted tokens follow the target: q_root, then q at the chosen child."""
+    from scipy.stats import chisquare
+
+    from sage_plugin.runtimes.sglang.cpu_ops.sampling_ops import tree_speculative_sampling_target_only_cpu
+
+    rows, vocab = 60_000, 5
+    g = gen(3)
+    # root (node 0) -> children 1 (token 0), 2 (token 3); node 1 -> child 3 (token 1)
+    cand = torch.tensor([[9, 0, 3, 1]]).expand(rows, -1)
+    ri = (torch.arange(rows)[:, None] * 4 + torch.arange(4)).contiguous()
+    nt = torch.tensor([[1, 3, -1, -1]]).expand(rows, -1)
+    ns = torch.tensor([[-1, 2, -1, -1]]).expand(rows, -1)
+    q_nodes = _probs(g, 4, vocab, zeros=0.0)
+    q = q_nodes[None].expand(rows, -1, -1).contiguous()
+    predicts = torch.full((rows * 4,), -1, dtype=torch.int64)
+    accept = torch.full((rows, 3), -1, dtype=torch.int64)
+    num = torch.zeros(rows, dtype=torch.int64)
+    tree_speculative_sampling_target_only_cpu(
+        predicts, accept, num, cand, ri, nt, ns, torch.rand(rows, 4, generator=g, dtype=torch.float64),
+        torch.rand(rows, generator=g, dtype=torch.float64), q, torch.zeros_like(q),
+    )  # fmt: skip
+    first = predicts.view(rows, 4)[:, 0]
+    counts = torch.bincount(first, minlength=vocab).double()
+    assert chisquare(counts.numpy(), (q_nodes[0] * rows).numpy()).pvalue > 0.01
+    after_zero = first == 0  # token 0 = node 1 accepted; the next token follows q at node 1
+    second = predicts.view(rows, 4)[after_zero, 1]
+    counts = torch.bincount(second, minlength=vocab).double()
+    assert chisquare(counts.numpy(), (q_nodes[1] * counts.sum()).numpy()).pvalue > 0.01
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31), st.integers(1, 4), st.integers(2, 12))
+def test_top_k_top_p_renorm_match_a_per_row_reference(seed, rows, vocab):
+    """Top-k keeps ranks < k; top-p drops a token when the mass before it (descending) exceeds p."""
+    from sage_plugin.runtimes.sglang.cpu_ops.sampling_ops import top_k_renorm_prob_cpu, top_p_renorm_prob_cpu
+
+    g = gen(seed)
+    probs = _probs(g, rows, vocab)
+    ks = torch.randint(1, vocab + 1, (rows,), generator=g)
+    ps = torch.rand(rows, generator=g, dtype=torch.float64)
+    got_k, got_p = top_k_renorm_prob_cpu(probs, ks), top_p_renorm_prob_cpu(probs, ps)
+    for r in range(rows):
+        order = sorted(range(vocab), key=lambda i: (-float(probs[r, i]), i))
+        keep_k = set(order[: int(ks[r])])
+        mass, keep_p = 0.0, set()
+        for i in order:
+            if mass <= float(ps[r]):
+                keep_p.add(i)
+            mass += float(probs[r, i])
+        for keep, got in ((keep_k, got_k), (keep_p, got_p)):
+            want = torch.tensor([float(probs[r, i]) if i in keep else 0.0 for i in range(vocab)], dtype=probs.dtype)
+            torch.testing.assert_close(got[r], want / want.sum())
+    assert torch.equal(top_k_renorm_prob_cpu(probs, vocab), probs / probs.sum(-1, keepdim=True))

@@ -1,4 +1,4 @@
-"""The only place SAGE patches SGLang: four ``HookRegistry`` AROUND hooks (flags, verified-node choice, metrics).
+"""The only place SAGE patches SGLang: seven ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling).
 
 SGLang 0.5.23 has no API for plugin-owned command-line flags (``patches/SGLANG_PLUGIN_RESEARCH.md`` §2a),
 so the plugin wraps the two functions of its parse path.  Each hook has an entry in ``patches/INDEX.md``;
@@ -24,6 +24,23 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
   (mean alpha / D / W / shaped nodes / accept length, lagged one step) and the KV pool's free and evictable
   token counts.
 
+* :func:`output_streamer_class` (AROUND ``Scheduler.get_output_streamer_class``, the subclass point SGLang documents
+  for auxiliary response fields): under a SAGE algorithm, the streamer treats ``"sage"`` as a request-level
+  ``customized_info`` key, so a request's SAGE summary (:mod:`.meta`) reaches ``meta_info`` once, at its end.
+
+* :func:`verify_uses_greedy` (AROUND ``sglang.srt.speculative.eagle_utils._verify_uses_greedy``): SGLang 0.5.23
+  verifies every CPU request greedily, even at ``temperature > 0`` (it has no CPU sampling-verify kernel), so
+  sampled output would silently be argmax output.  On CPU this hook puts the plugin's pure-torch kernels
+  (:mod:`.cpu_ops.sampling_ops`: lossless tree sampling, top-k / top-p renormalisation) where ``eagle_utils``
+  has ``None`` for them, and answers as if not on CPU, so sampling requests take SGLang's own lossless sampling
+  verify (for every tree algorithm on CPU: SAGE, EAGLE, STANDALONE).  Greedy batches and the rejection-sampling
+  path (Triton only) keep SGLang's answer.
+
+* :func:`report_decode_stats` (AROUND ``SchedulerMetricsReporter.report_decode_stats``): with ``--enable-metrics``,
+  at SGLang's own metrics interval (``--decode-log-interval`` decode steps), sets the SAGE Prometheus gauges
+  (:data:`PROMETHEUS_GAUGES`, ``sglang:sage_*``, labelled like SGLang's scheduler gauges) from the SAGE worker's
+  counters.
+
 Hooks are registered by :func:`install_hooks` (from ``register()``) and applied by SGLang's
 ``load_plugins()`` after every plugin ran.  Hook functions here import nothing from SGLang.
 """
@@ -46,7 +63,10 @@ __all__ = [
     "install_hooks",
     "organize_draft_results",
     "add_speculative_state",
+    "output_streamer_class",
+    "report_decode_stats",
     "sage_cli_of",
+    "verify_uses_greedy",
 ]
 
 logger = logging.getLogger(__name__)
@@ -57,6 +77,22 @@ ORGANIZE_DRAFT_RESULTS = "sglang.srt.speculative.eagle_utils.organize_draft_resu
 ADD_SPECULATIVE_STATE = (
     "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative"
 )
+OUTPUT_STREAMER_CLASS = "sglang.srt.managers.scheduler.Scheduler.get_output_streamer_class"
+EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
+VERIFY_USES_GREEDY = f"{EAGLE_UTILS}._verify_uses_greedy"
+REPORT_DECODE_STATS = (
+    "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter.report_decode_stats"
+)
+#: Prometheus gauge -> (key of the SAGE worker's ``sage_stats()``, help text)
+PROMETHEUS_GAUGES = {
+    "sglang:sage_rounds": ("sage_rounds", "SAGE: drafted request-rounds since start."),
+    "sglang:sage_mean_alpha": ("sage_mean_alpha", "SAGE: mean draft confidence alpha per request-round."),
+    "sglang:sage_mean_depth": ("sage_mean_depth", "SAGE: mean planned tree depth D per request-round."),
+    "sglang:sage_mean_width": ("sage_mean_width", "SAGE: mean planned tree width W per request-round."),
+    "sglang:sage_mean_shaped_nodes": ("sage_mean_shaped_nodes", "SAGE: mean SAGE-shaped verified nodes."),
+    "sglang:sage_mean_accept_length": ("sage_mean_accept_length", "SAGE: mean accept length (drafts + bonus)."),
+}
+_gauges: dict[str, Any] = {}  # created once per process, on first use
 
 #: The SAGE selection of the draft step in progress (set by ``SageDraftWorker.draft``), else None.
 ACTIVE_SELECTION: ContextVar[Callable[..., Any] | None] = ContextVar("sage_active_selection", default=None)
@@ -102,13 +138,84 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
     """AROUND ``_add_speculative(self, state)``: SGLang's speculative fields, then ``state["sage"]``."""
     original(self, state)
     scheduler = self.scheduler
-    draft = getattr(getattr(scheduler, "draft_worker", None), "_draft_worker", None)
-    if draft is None or not hasattr(draft, "sage_stats"):
+    draft = _sage_draft_worker(scheduler)
+    if draft is None:
         return
     section = dict(draft.sage_stats())
     section["kv_available_tokens"] = int(scheduler.token_to_kv_pool_allocator.available_size())
     section["kv_evictable_tokens"] = int(scheduler.tree_cache.evictable_size())
     state["sage"] = section
+
+
+def output_streamer_class(original: Callable[..., Any], self: Any) -> type:
+    """AROUND ``Scheduler.get_output_streamer_class(self)``: SGLang's class, with ``"sage"`` request-level under SAGE."""
+    cls = original(self)
+    if not str(getattr(self.spec_algorithm, "name", "")).startswith("SAGE"):
+        return cls
+    from .meta import sage_streamer_class
+
+    return sage_streamer_class(cls)
+
+
+def _cpu_sampling_kernels_in_place() -> bool:
+    """Fill ``eagle_utils``' missing (``None``) sampling kernels with the CPU ones; whether all three are there."""
+    import sys
+
+    module = sys.modules.get(EAGLE_UTILS)  # the caller's module: already imported
+    if module is None:
+        return False
+    from .cpu_ops import sampling_ops
+
+    kernels = {
+        "tree_speculative_sampling_target_only": sampling_ops.tree_speculative_sampling_target_only_cpu,
+        "top_k_renorm_prob": sampling_ops.top_k_renorm_prob_cpu,
+        "top_p_renorm_prob": sampling_ops.top_p_renorm_prob_cpu,
+    }
+    for name, kernel in kernels.items():
+        if getattr(module, name, None) is None:
+            setattr(module, name, kernel)
+    return all(getattr(module, name, None) is not None for name in kernels)
+
+
+def verify_uses_greedy(original: Callable[..., Any], **kwargs: Any) -> bool:
+    """AROUND ``_verify_uses_greedy(*, is_all_greedy, is_cpu, is_hip, is_xpu, use_rejection_sampling)``.
+
+    On CPU, a batch with sampling requests takes SGLang's sampling verify once the CPU kernels are in place.
+    """
+    if (
+        kwargs.get("is_cpu")
+        and not kwargs.get("is_all_greedy")
+        and not kwargs.get("use_rejection_sampling")
+        and _cpu_sampling_kernels_in_place()
+    ):
+        kwargs = {**kwargs, "is_cpu": False}
+    return original(**kwargs)
+
+
+def _sage_draft_worker(scheduler: Any) -> Any:
+    draft = getattr(getattr(scheduler, "draft_worker", None), "_draft_worker", None)
+    return draft if draft is not None and hasattr(draft, "sage_stats") else None
+
+
+def report_decode_stats(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``report_decode_stats(self, ...)``: SGLang's report, then the SAGE gauges at its metrics interval."""
+    out = original(self, *args, **kwargs)
+    if not getattr(self, "current_scheduler_metrics_enabled", False) or self.forward_ct_decode % self.decode_log_interval:
+        return out
+    draft = _sage_draft_worker(self.scheduler)
+    if draft is None:
+        return out
+    labels = dict(self.metrics_collector.labels)
+    if not _gauges:
+        from prometheus_client import Gauge
+
+        for name, (_, doc) in PROMETHEUS_GAUGES.items():
+            _gauges[name] = Gauge(name=name, documentation=doc, labelnames=list(labels), multiprocess_mode="mostrecent")
+    stats = draft.sage_stats()
+    for name, (key, _) in PROMETHEUS_GAUGES.items():
+        if key in stats:
+            _gauges[name].labels(**labels).set(stats[key])
+    return out
 
 
 #: (target, hook) pairs, all AROUND; the targets are listed in patches/INDEX.md.
@@ -117,6 +224,9 @@ HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = (
     (FROM_CLI_ARGS, from_cli_args),
     (ORGANIZE_DRAFT_RESULTS, organize_draft_results),
     (ADD_SPECULATIVE_STATE, add_speculative_state),
+    (OUTPUT_STREAMER_CLASS, output_streamer_class),
+    (VERIFY_USES_GREEDY, verify_uses_greedy),
+    (REPORT_DECODE_STATS, report_decode_stats),
 )
 HOOK_TARGETS: tuple[str, ...] = tuple(target for target, _ in HOOKS)
 

@@ -29,6 +29,7 @@ import logging
 from typing import Any
 
 import torch
+from sglang.srt.managers.auxiliary_output import append_auxiliary_output
 from sglang.srt.speculative.base_spec_worker import EagleDraftWorkerBase
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, StandaloneWorkerV2
@@ -39,6 +40,7 @@ from sage_plugin.core.serving import SlotState
 
 from .algo import sage_config_of
 from .hooks import ACTIVE_SELECTION
+from .meta import SageRoundDevice
 
 __all__ = ["BeamSelection", "SageDraftWorker", "SageEagleDraftWorker", "SageEagleWorkerV2", "SageWorkerV2"]
 
@@ -95,6 +97,7 @@ class SageDraftMixin(EagleDraftWorkerBase):
         self.sage_selection: BeamSelection | None = None
         self._stats = None
         self._stats_host = None
+        self.sage_round: torch.Tensor | None = None
 
     def _ensure_sage_state(self) -> None:
         if self.sage_slots is not None:
@@ -124,6 +127,7 @@ class SageDraftMixin(EagleDraftWorkerBase):
         upd = torch.stack([torch.full_like(shape.alpha, 1.0), shape.alpha, shape.depth.to(shape.alpha.dtype),
                            shape.width.to(shape.alpha.dtype), sel.shaped[:bs].to(shape.alpha.dtype)])
         self._stats[:5] += upd.sum(1).to(self._stats.dtype)
+        self.sage_round = upd[1:].t().float().contiguous()  # [B, 4] for meta_info (meta.SageRoundDevice)
         return out
 
     def init_cuda_graphs(self):
@@ -184,14 +188,23 @@ class SageWorkerMixin:
         prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch
         idle = batch.forward_mode.is_idle()
         slots = batch.req_pool_indices
+        draft = self._draft_worker
+        if draft is not None:
+            draft.sage_round = None
         out = super().forward_batch_generation(
             batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
         )
-        if self._draft_worker is not None and slots is not None and slots.numel() > 0 and not idle:
+        if draft is not None and slots is not None and slots.numel() > 0 and not idle:
             if prefill:
-                self._draft_worker.sage_reset(slots)
+                draft.sage_reset(slots)
             elif getattr(out, "accept_lens", None) is not None:
-                self._draft_worker.sage_observe(slots, out.accept_lens)
+                draft.sage_observe(slots, out.accept_lens)
+                logits = getattr(out, "logits_output", None)
+                if draft.sage_round is not None and logits is not None:
+                    # per-request alpha/D/W for meta_info["sage"], copied with the step's tokens (meta.py)
+                    logits.auxiliary_device_output = append_auxiliary_output(
+                        logits.auxiliary_device_output, SageRoundDevice(draft.sage_round)
+                    )
         return out
 
 

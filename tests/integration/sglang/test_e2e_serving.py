@@ -83,6 +83,10 @@ class Server:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=60) as r:
             return json.loads(r.read())
 
+    def get_text(self, path: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=60) as r:
+            return r.read().decode()
+
     def generate(self, text: str, max_new_tokens: int, **extra) -> dict:
         params = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
         return self.post("/generate", {"text": text, "sampling_params": params, **extra})
@@ -136,7 +140,7 @@ def servers(target_dir, launch_env, tmp_path_factory):
     plain = Server(["--model-path", str(target_dir), *PLAIN_FLAGS], launch_env, logs / "plain.log")
     try:
         sage = Server(["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
-                       "--speculative-draft-model-path", str(_draft_dir(target_dir))],
+                       "--speculative-draft-model-path", str(_draft_dir(target_dir)), "--enable-metrics"],
                       launch_env, logs / "sage.log")  # fmt: skip
     except BaseException:
         plain.stop()
@@ -163,6 +167,13 @@ def test_greedy_outputs_equal_plain_serving_on_20_prompts(servers, kv_start):
     assert all(same), [(i, r["text"], g["text"]) for i, (r, g, s) in enumerate(zip(ref, got, same)) if not s]
     accept = [g["meta_info"]["spec_accept_length"] for g in got]
     assert sum(accept) / len(accept) > 1.0, accept
+    for g in got:  # per-request SAGE summary (meta.py): one entry, one round per verify step
+        meta = g["meta_info"]
+        [summary] = meta["sage"]
+        assert summary["rounds"] == meta["spec_verify_ct"], meta
+        assert 0.0 <= summary["mean_alpha"] <= 1.0 and 2 <= summary["mean_depth"] <= 6, summary
+        assert 1 <= summary["mean_width"] <= 4 and 1 <= summary["mean_shaped_nodes"] <= 11, summary
+    assert "sage" not in ref[0]["meta_info"]  # plain serving is untouched
 
 
 def test_16_concurrent_mixed_lengths_equal_plain(servers, kv_start):
@@ -195,6 +206,12 @@ def test_abort_request_and_sage_metrics(servers, kv_start):
     assert 0.0 <= info["sage_mean_alpha"] <= 1.0
     assert 2 <= info["sage_mean_depth"] <= 6 and 1 <= info["sage_mean_width"] <= 4
     assert info["sage_mean_accept_length"] >= 1.0
+    # the same counters as Prometheus gauges (--enable-metrics), next to SGLang's own spec gauges
+    metrics = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in sage.get_text("/metrics").splitlines()
+               if line.startswith("sglang:sage_") or line.startswith("sglang:spec_accept_length")}  # fmt: skip
+    assert metrics.get("sglang:sage_rounds", 0) > 0, metrics
+    assert 0.0 <= metrics["sglang:sage_mean_alpha"] <= 1.0 and 2 <= metrics["sglang:sage_mean_depth"] <= 6, metrics
+    assert metrics["sglang:sage_mean_accept_length"] >= 1.0 and "sglang:spec_accept_length" in metrics
 
 
 def test_kv_pool_returns_to_its_starting_free_size(servers, kv_start):
@@ -229,5 +246,19 @@ def test_eagle_heads_equal_plain(servers, target_dir, launch_env, tmp_path, kind
     for r, g in zip(ref, got):
         assert g["output_ids"] == r["output_ids"], (r["text"], g["text"])
         assert g["meta_info"]["spec_verify_ct"] >= 1
+        assert g["meta_info"]["sage"][0]["rounds"] == g["meta_info"]["spec_verify_ct"]
     sage = info["internal_states"][0]["sage"]
     assert sage["sage_rounds"] > 0 and 0.0 <= sage["sage_mean_alpha"] <= 1.0
+
+
+def test_sampling_requests_are_sampled_not_argmax(servers, kv_start):
+    """temperature > 0 on CPU: SGLang 0.5.23 alone would verify greedily (argmax text); with the plugin's CPU
+    sampling kernels the SAGE server samples (the kernels' losslessness is tested in tests/unit)."""
+    plain, sage = servers
+    prompts = _prompts(4)
+    greedy = _parallel(lambda p: plain.generate(p, 24), prompts)
+    params = {"max_new_tokens": 24, "temperature": 1.0, "top_p": 0.95, "top_k": 50}
+    sampled = _parallel(lambda p: sage.post("/generate", {"text": p, "sampling_params": params}), prompts)
+    assert any(s["output_ids"] != g["output_ids"] for s, g in zip(sampled, greedy))
+    for s in sampled:
+        assert s["meta_info"]["completion_tokens"] >= 1 and s["meta_info"]["spec_verify_ct"] >= 1

@@ -354,3 +354,33 @@ def test_unreadable_draft_config_needs_an_explicit_variant(tmp_path):
                       "--speculative-draft-model-path", str(empty)])  # fmt: skip
     with pytest.raises(ConfigError, match="no config.json readable"):
         validate(sa)
+
+
+# -- CPU sampling verify (hook #6) ----------------------------------------------------------------------------
+
+
+def test_cpu_sampling_requests_take_the_sampling_verify():
+    """On CPU, SGLang 0.5.23 verifies sampling requests greedily; with the plugin they get the lossless kernels."""
+    from sglang.srt.speculative import eagle_utils
+
+    from sage_plugin.runtimes.sglang.cpu_ops import sampling_ops
+
+    def greedy(**kw):
+        args = {"is_all_greedy": False, "is_cpu": True, "is_hip": False, "is_xpu": False,
+                "use_rejection_sampling": False, **kw}  # fmt: skip
+        return eagle_utils._verify_uses_greedy(**args)
+
+    assert greedy() is False
+    if not torch_cuda():  # filled by the hook where SGLang has no kernel
+        assert eagle_utils.tree_speculative_sampling_target_only is sampling_ops.tree_speculative_sampling_target_only_cpu
+        assert eagle_utils.top_k_renorm_prob is sampling_ops.top_k_renorm_prob_cpu
+        assert eagle_utils.top_p_renorm_prob is sampling_ops.top_p_renorm_prob_cpu
+    assert greedy(is_all_greedy=True) is True  # greedy batches: unchanged
+    assert greedy(use_rejection_sampling=True) is True  # the Triton rejection sampler: SGLang's CPU answer kept
+    assert greedy(is_cpu=False) is False
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

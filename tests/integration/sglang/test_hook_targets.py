@@ -21,6 +21,9 @@ from sage_plugin.runtimes.sglang.hooks import (  # noqa: E402
     FROM_CLI_ARGS,
     HOOK_TARGETS,
     ORGANIZE_DRAFT_RESULTS,
+    OUTPUT_STREAMER_CLASS,
+    REPORT_DECODE_STATS,
+    VERIFY_USES_GREEDY,
 )
 
 INDEX = Path(__file__).resolve().parents[3] / "patches" / "INDEX.md"
@@ -31,6 +34,9 @@ HOOK_SHAPES = {
     FROM_CLI_ARGS: (classmethod, ["cls", "args"]),
     ORGANIZE_DRAFT_RESULTS: (None, ["score_list", "token_list", "parents_list", "num_draft_token"]),
     ADD_SPECULATIVE_STATE: (None, ["self", "state"]),
+    OUTPUT_STREAMER_CLASS: (None, ["self"]),
+    VERIFY_USES_GREEDY: (None, ["is_all_greedy", "is_cpu", "is_hip", "is_xpu", "use_rejection_sampling"]),
+    REPORT_DECODE_STATS: (None, ["self", "can_run_cuda_graph", "running_batch", "num_generated_tokens"]),
 }
 
 #: Upstream symbols the adapter calls or subclasses (not hooked, but pinned by the same version).
@@ -49,6 +55,27 @@ USED_SYMBOLS = [
     "sglang.srt.speculative.standalone_worker_v2.StandaloneDraftWorker.draft",
     "sglang.srt.speculative.standalone_worker_v2.StandaloneDraftWorker.init_cuda_graphs",
     "sglang.srt.speculative.eagle_worker_v2.organize_draft_results",
+    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft",
+    "sglang.srt.speculative.base_spec_worker.EagleDraftWorkerBase",
+    # meta_info["sage"] (meta.py): the auxiliary-output contract and the request-level key of the streamer
+    "sglang.srt.managers.auxiliary_output.append_auxiliary_output",
+    "sglang.srt.managers.utils.GenerationBatchResult.copy_auxiliary_output_to_cpu",
+    "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer.is_request_level_customized_info_key",
+    "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor.consume_auxiliary_output",
+    # CPU sampling verify (hook #6): the verify's helpers it relies on
+    "sglang.srt.speculative.eagle_utils.sampling_softmax",
+    "sglang.srt.speculative.eagle_utils._verify_coins",
+    # Prometheus gauges (hook #7): SGLang's labels and its metrics interval
+    "sglang.srt.observability.metrics_collector.SchedulerMetricsCollector.log_stats",
+]
+
+
+#: Module globals hook #6 fills where SGLang leaves them None (no kernel on the platform): they must exist.
+PLATFORM_KERNELS = [
+    "sglang.srt.speculative.eagle_utils.tree_speculative_sampling_target_only",
+    "sglang.srt.speculative.eagle_utils.top_k_renorm_prob",
+    "sglang.srt.speculative.eagle_utils.top_p_renorm_prob",
 ]
 
 
@@ -80,6 +107,12 @@ def test_hook_target_exists_with_the_assumed_shape(target):
 @pytest.mark.parametrize("path", USED_SYMBOLS)
 def test_used_symbol_exists(path):
     assert _resolve(path) is not None
+
+
+@pytest.mark.parametrize("path", PLATFORM_KERNELS)
+def test_platform_kernel_name_exists(path):
+    module, _, attr = path.rpartition(".")
+    assert hasattr(pkgutil.resolve_name(module), attr)
 
 
 def test_worker_base_classes_exist():

@@ -26,8 +26,11 @@ Modules (semantics and shapes in each docstring):
   paged attention: prefill / extend, decode, multi-step draft decode, TARGET_VERIFY with the QLEN_ONLY tree
   mask, DRAFT_EXTEND).
 
-``tree_speculative_sampling_target_only`` is not provided: in 0.5.23 CPU verification always takes the
-greedy path (``eagle_utils._verify_uses_greedy`` is True on CPU), so no CPU sampling op is ever called.
+* :mod:`.sampling_ops`: ``tree_speculative_sampling_target_only_cpu``, ``top_k_renorm_prob_cpu``,
+  ``top_p_renorm_prob_cpu``.  These are not ``torch.ops``: SGLang 0.5.23 binds the sampling-verify kernels as
+  Python names in ``eagle_utils`` (``None`` on CPU, where it then verifies every request greedily); hook #6
+  (``hooks.verify_uses_greedy``) puts these functions there and lets CPU sampling requests take SGLang's
+  lossless sampling verify.
 """
 
 from __future__ import annotations

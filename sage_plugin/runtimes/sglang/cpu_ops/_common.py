@@ -23,3 +23,17 @@ def _segments(start: torch.Tensor, end: torch.Tensor) -> tuple[torch.Tensor, tor
     first = torch.cumsum(lens, 0) - lens  # exclusive running sum: where each request's run begins
     cols = torch.arange(rows.numel()) - first[rows] + start[rows]
     return rows, cols
+
+
+def _write_accepted_paths(accept_index: torch.Tensor, accept_token_num: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+    """Write verified paths ``acc [bs, steps]`` (global node ids, -1 past the path) into SGLang's outputs.
+
+    ``accept_index`` gets the path entries (the rest stays as the caller filled it), ``accept_token_num`` the
+    number of accepted drafts (path length - 1).  Returns ``taken [bs, steps]``, the mask of path entries.
+    """
+    bs, steps = acc.shape
+    taken = acc >= 0
+    ai = accept_index.view(bs, steps)
+    ai[taken] = acc[taken].to(ai.dtype)
+    _flat_out(accept_token_num, "accept_token_num")[:bs] = (taken.sum(1) - 1).to(accept_token_num.dtype)
+    return taken

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import _flat_out, _long
+from ._common import _flat_out, _long, _write_accepted_paths
 
 __all__ = [
     "FULL_MASK",
@@ -262,10 +262,7 @@ def verify_tree_greedy_cpu(
         node = torch.where(live, child, node)
         acc[:, j] = torch.where(live, ri[b, node], acc[:, j])
 
-    taken = acc >= 0
-    ai = accept_index.view(bs, steps)
-    ai[taken] = acc[taken].to(ai.dtype)
-    _flat_out(accept_token_num, "accept_token_num")[:bs] = (taken.sum(1) - 1).to(accept_token_num.dtype)
+    taken = _write_accepted_paths(accept_index, accept_token_num, acc)
     path = acc[taken]
     _flat_out(predicts, "predicts")[path] = target[path].to(predicts.dtype)
 

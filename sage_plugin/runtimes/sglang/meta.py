@@ -1,0 +1,92 @@
+"""Per-request SAGE figures in ``/generate``'s ``meta_info["sage"]``, through SGLang 0.5.23's auxiliary-output contract.
+
+SGLang carries extra per-request response fields this way (``managers/auxiliary_output.py``,
+``sampling/sampling_observer.py``): a device-side object rides on the step's ``logits_output``
+(``auxiliary_device_output``), the scheduler copies it to the host together with the step's tokens (one
+asynchronous copy, no extra sync), then calls ``consume(batch, commits)`` with the batch's requests, after the
+tokens are committed and before responses are streamed; values put in ``req.customized_info`` reach
+``meta_info``.  A key the output streamer calls *request-level* is sent once per request (at the end of a
+non-streaming request) instead of token by token; :func:`sage_streamer_class` makes ``"sage"`` such a key (hook
+#5, ``patches/INDEX.md``).
+
+Per decode round the SAGE worker attaches :class:`SageRoundDevice` (``[B, 4]``: alpha, D, W, shaped nodes of
+each row's plan); :class:`SageRoundHost` folds each request's row into running means.  A finished request's
+``meta_info["sage"]`` then reads (SGLang's request-level format is a list with one entry)::
+
+    [{"rounds": 17, "mean_alpha": 0.41, "mean_depth": 2.6, "mean_width": 2.8, "mean_shaped_nodes": 7.4}]
+
+``rounds`` equals SGLang's own ``spec_verify_ct`` for the request.  Streaming requests carry no SAGE summary:
+SGLang sends a request-level key only with a stream's first chunk, which comes before any round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+__all__ = ["META_KEY", "ROUND_FIELDS", "SageRoundDevice", "SageRoundHost", "sage_streamer_class", "update_summary"]
+
+#: the ``meta_info`` key
+META_KEY = "sage"
+#: columns of a round's per-row plan
+ROUND_FIELDS = ("alpha", "depth", "width", "shaped_nodes")
+
+
+def update_summary(summary: dict[str, float] | None, row: Sequence[float]) -> dict[str, float]:
+    """Fold one round (``row`` in :data:`ROUND_FIELDS` order) into a request's running means.
+
+    >>> s = update_summary(None, [0.5, 4, 2, 7])
+    >>> update_summary(s, [0.3, 2, 4, 5])
+    {'rounds': 2, 'mean_alpha': 0.4, 'mean_depth': 3.0, 'mean_width': 3.0, 'mean_shaped_nodes': 6.0}
+    """
+    n = (summary or {}).get("rounds", 0) + 1
+    out: dict[str, float] = {"rounds": n}
+    for name, value in zip(ROUND_FIELDS, row):
+        key = f"mean_{name}"
+        prev = (summary or {}).get(key, 0.0)
+        out[key] = round(prev + (float(value) - prev) / n, 6)
+    return out
+
+
+@dataclass(frozen=True)
+class SageRoundHost:
+    """Host copy of one round's plan; SGLang calls :meth:`consume` once the copy is complete."""
+
+    stats: torch.Tensor  # [B, len(ROUND_FIELDS)] on the host
+
+    def consume(self, batch: Any, commits: Sequence[Any]) -> None:
+        """Fold each row into its request's ``customized_info["sage"]`` (rows with no committed token skip)."""
+        rows = self.stats.tolist()  # a host tensor: no device sync
+        for req, commit, row in zip(batch.reqs, commits, rows):
+            if commit is None:
+                continue
+            info = req.customized_info
+            if info is None:
+                info = req.customized_info = {}
+            prev = info.get(META_KEY)
+            info[META_KEY] = [update_summary(prev[0] if prev else None, row)]
+
+
+@dataclass(frozen=True)
+class SageRoundDevice:
+    """``DeviceAuxiliaryOutput`` of a SAGE decode step: ``stats [B, 4]`` (a fresh tensor, not a graph buffer)."""
+
+    stats: torch.Tensor
+
+    def copy_to_host(self, copy_tensor: Callable[[torch.Tensor], torch.Tensor]) -> SageRoundHost:
+        return SageRoundHost(copy_tensor(self.stats))
+
+
+def sage_streamer_class(base: type) -> type:
+    """``base`` (SGLang's ``SchedulerOutputStreamer`` or a subclass) with ``"sage"`` as a request-level key."""
+
+    class SageOutputStreamer(base):
+        __slots__ = ()
+
+        def is_request_level_customized_info_key(self, key: str) -> bool:
+            return key == META_KEY or super().is_request_level_customized_info_key(key)
+
+    SageOutputStreamer.__qualname__ = f"Sage{base.__qualname__}"
+    return SageOutputStreamer
