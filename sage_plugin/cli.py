@@ -2,6 +2,7 @@
 
 ``sage bench``        compare ar / chain / static / eagle2 / sage (and ablations) on bundled prompts.
 ``sage train-draft``  distil a draft model for a target (see :mod:`sage_plugin.train.draft`).
+``sage bench-serving`` SGLang with SAGE vs plain SGLang, side by side (see :mod:`sage_plugin.bench.serving`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import sys
 from pathlib import Path
@@ -218,6 +220,51 @@ def _vlm_setup(
     return SpecEngine(target, draft), requests, processor.tokenizer, target_desc, draft_desc
 
 
+LIBCUDA_SUBDIR = Path("usr/lib/x86_64-linux-gnu/nvidia/current")
+
+
+def _serving_parser(sub) -> None:
+    p = sub.add_parser("bench-serving", help="SGLang serving: SAGE vs plain decoding, side by side (needs sglang)")
+    p.add_argument("--config", default="engine_configs/sglang/smollm2_cpu_sage.yaml", help="SGLang --config YAML")
+    p.add_argument("--target", default=None, help="HF target dir (default: the SmolLM2 target, converted once)")
+    p.add_argument("--draft", default=None, help="draft dir or EAGLE head (default: the bundled SmolLM2 draft)")
+    p.add_argument("--batch-sizes", default="1,8", help="comma list of concurrent requests per batch")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3, help="batches per batch size (server order alternates)")
+    p.add_argument("--num-prompts", type=int, default=16, help="bundled prompts to draw batches from")
+    p.add_argument("--libcuda-dir", default=".sglang-libcuda", help="where tools/setup_sglang.sh unpacked libcuda")
+    p.add_argument("--log-dir", default="out/bench-serving", help="server logs")
+    p.add_argument("--json", default=None, help="write the report as JSON")
+
+
+def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
+    from .bench.prompts import mixed_text_prompts, render_chat
+    from .bench.serving import format_table, run_serving_bench
+    from .models import bundled_draft_dir, ensure_smollm2, load_tokenizer
+
+    target = Path(args.target) if args.target else ensure_smollm2()
+    draft = Path(args.draft) if args.draft else bundled_draft_dir()
+    if draft is None:
+        raise ConfigError("--draft: no bundled draft found; pass a draft model or EAGLE head directory")
+    env = dict(environ)
+    lib = Path(args.libcuda_dir) / LIBCUDA_SUBDIR
+    if (lib / "libcuda.so.1").is_file():  # CPU machine set up by tools/setup_sglang.sh (what env.sh does)
+        env["LD_LIBRARY_PATH"] = ":".join(x for x in (str(lib.resolve()), env.get("LD_LIBRARY_PATH")) if x)
+        env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    tok = load_tokenizer(target)
+    prompts = [tok.decode(render_chat(tok, p)) for p in mixed_text_prompts(args.num_prompts)]
+    report = run_serving_bench(
+        config=Path(args.config).resolve(), target=target, draft=draft.resolve(), env=env,
+        log_dir=Path(args.log_dir), batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
+        max_new_tokens=args.max_new_tokens, repeats=args.repeats, prompts=prompts,
+    )  # fmt: skip
+    report["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
+    print(format_table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0 if all(r["identical_outputs"] for r in report["rows"]) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sage", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="WARNING")
@@ -226,11 +273,14 @@ def main(argv: list[str] | None = None) -> int:
     from .train.draft import add_train_args
 
     add_train_args(sub.add_parser("train-draft", help="distil a draft model for a target (resumable; CPU or CUDA)"))
+    _serving_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "bench":
             return bench_main(args)
+        if args.command == "bench-serving":
+            return serving_main(args, dict(os.environ))
         from .train.draft import train_draft
 
         return train_draft(args) or 0

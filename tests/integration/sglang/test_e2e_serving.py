@@ -9,20 +9,15 @@ for SmolLM2) must resolve to ``SAGE_EAGLE``/``SAGE_EAGLE3`` and give the plain s
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("sglang")
+
+from sage_plugin.bench.serving import Server, parallel, plain_flags  # noqa: E402
 
 from .conftest import REPO  # noqa: E402
 from .heads import make_eagle3_head, make_eagle_head  # noqa: E402
@@ -30,78 +25,8 @@ from .heads import make_eagle3_head, make_eagle_head  # noqa: E402
 pytestmark = pytest.mark.slow
 
 CPU_CONFIG = REPO / "engine_configs" / "sglang" / "smollm2_cpu_sage.yaml"
-START_TIMEOUT_S = 420
-PLAIN_FLAGS = ("--device", "cpu", "--dtype", "float32", "--attention-backend", "torch_native",
-               "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
-               "--mem-fraction-static", "0.1", "--max-total-tokens", "16384", "--max-running-requests", "16",
-               "--sleep-on-idle")  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A ``sglang.launch_server`` child in its own process group, with a tiny JSON client."""
-
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.port = _free_port()
-        self.log = log
-        argv = [sys.executable, "-m", "sglang.launch_server", *args, "--host", "127.0.0.1", "--port", str(self.port)]
-        self.argv = argv
-        self._fh = open(log, "w")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=self._fh, stderr=subprocess.STDOUT,
-                                     start_new_session=True)  # fmt: skip
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
-                    if r.status == 200 and "fired up" in log.read_text():
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"server not ready in {START_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
-            time.sleep(2)
-
-    def post(self, path: str, payload: dict, timeout: float = 900) -> dict:
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            body = r.read()
-        try:
-            return json.loads(body) if body else {}
-        except ValueError:  # e.g. /flush_cache answers in plain text
-            return {"text": body.decode()}
-
-    def get(self, path: str) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=60) as r:
-            return json.loads(r.read())
-
-    def get_text(self, path: str) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=60) as r:
-            return r.read().decode()
-
-    def generate(self, text: str, max_new_tokens: int, **extra) -> dict:
-        params = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
-        return self.post("/generate", {"text": text, "sampling_params": params, **extra})
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self._fh.close()
+#: the plain server: the same YAML without its speculative / SAGE keys (what ``sage bench-serving`` compares)
+PLAIN_FLAGS = plain_flags(CPU_CONFIG)
 
 
 def _draft_dir(target_dir: Path) -> Path:
@@ -118,20 +43,6 @@ def _prompts(n: int) -> list[str]:
 
     tok = load_tokenizer(TARGET_DIR)
     return [tok.decode(render_chat(tok, p)) for p in mixed_text_prompts(n)]
-
-
-def _parallel(fn, items):
-    out: list = [None] * len(items)
-
-    def work(i, item):
-        out[i] = fn(item)
-
-    threads = [threading.Thread(target=work, args=(i, it)) for i, it in enumerate(items)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +72,8 @@ def kv_start(servers):
 def test_greedy_outputs_equal_plain_serving_on_20_prompts(servers, kv_start):
     plain, sage = servers
     prompts = _prompts(20)
-    ref = _parallel(lambda p: plain.generate(p, 32), prompts)
-    got = _parallel(lambda p: sage.generate(p, 32), prompts)
+    ref = parallel(lambda p: plain.generate(p, 32), prompts)
+    got = parallel(lambda p: sage.generate(p, 32), prompts)
     same = [r["output_ids"] == g["output_ids"] for r, g in zip(ref, got)]
     assert all(same), [(i, r["text"], g["text"]) for i, (r, g, s) in enumerate(zip(ref, got, same)) if not s]
     accept = [g["meta_info"]["spec_accept_length"] for g in got]
@@ -181,8 +92,8 @@ def test_16_concurrent_mixed_lengths_equal_plain(servers, kv_start):
     prompts = _prompts(16)
     lengths = [4 + 5 * (i % 7) for i in range(16)]
     jobs = list(zip(prompts, lengths))
-    ref = _parallel(lambda j: plain.generate(*j), jobs)
-    got = _parallel(lambda j: sage.generate(*j), jobs)
+    ref = parallel(lambda j: plain.generate(*j), jobs)
+    got = parallel(lambda j: sage.generate(*j), jobs)
     for (_, n), r, g in zip(jobs, ref, got):
         assert g["output_ids"] == r["output_ids"], (n, r["text"], g["text"])
         assert g["meta_info"]["completion_tokens"] <= n
@@ -236,8 +147,8 @@ def test_eagle_heads_equal_plain(servers, target_dir, launch_env, tmp_path, kind
                      "--speculative-draft-model-path", str(head)], launch_env, tmp_path / f"{kind}.log")  # fmt: skip
     try:
         prompts = _prompts(8)
-        ref = _parallel(lambda p: plain.generate(p, 24), prompts)
-        got = _parallel(lambda p: server.generate(p, 24), prompts)
+        ref = parallel(lambda p: plain.generate(p, 24), prompts)
+        got = parallel(lambda p: server.generate(p, 24), prompts)
         info = server.get("/server_info")
     finally:
         server.stop()
@@ -256,9 +167,9 @@ def test_sampling_requests_are_sampled_not_argmax(servers, kv_start):
     sampling kernels the SAGE server samples (the kernels' losslessness is tested in tests/unit)."""
     plain, sage = servers
     prompts = _prompts(4)
-    greedy = _parallel(lambda p: plain.generate(p, 24), prompts)
+    greedy = parallel(lambda p: plain.generate(p, 24), prompts)
     params = {"max_new_tokens": 24, "temperature": 1.0, "top_p": 0.95, "top_k": 50}
-    sampled = _parallel(lambda p: sage.post("/generate", {"text": p, "sampling_params": params}), prompts)
+    sampled = parallel(lambda p: sage.post("/generate", {"text": p, "sampling_params": params}), prompts)
     assert any(s["output_ids"] != g["output_ids"] for s, g in zip(sampled, greedy))
     for s in sampled:
         assert s["meta_info"]["completion_tokens"] >= 1 and s["meta_info"]["spec_verify_ct"] >= 1
