@@ -21,16 +21,13 @@ import importlib.util
 import os
 from pathlib import Path
 
+from sage_plugin.runtimes.sglang.cpu_env import cpu_launch_env, unpacked_libcuda
+
 REPO = Path(__file__).resolve().parent
-#: Where tools/setup_sglang.sh unpacks libcuda1 (Debian's layout inside the .deb).
-LIBCUDA_DIR = REPO / ".sglang-libcuda" / "usr" / "lib" / "x86_64-linux-gnu" / "nvidia" / "current"
 
 collect_ignore: list[str] = []
 if importlib.util.find_spec("sglang") is None:
     collect_ignore += ["sage_plugin/runtimes/sglang/algo.py", "sage_plugin/runtimes/sglang/worker.py"]
-elif ctypes.util.find_library("cuda") is None and (LIBCUDA_DIR / "libcuda.so.1").is_file():
-    ctypes.CDLL(str(LIBCUDA_DIR / "libcuda.so.1"), mode=ctypes.RTLD_GLOBAL)
-    old = os.environ.get("LD_LIBRARY_PATH", "")
-    if str(LIBCUDA_DIR) not in old.split(":"):
-        os.environ["LD_LIBRARY_PATH"] = f"{LIBCUDA_DIR}:{old}" if old else str(LIBCUDA_DIR)
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+elif ctypes.util.find_library("cuda") is None and (lib := unpacked_libcuda(REPO / ".sglang-libcuda")) is not None:
+    ctypes.CDLL(str(lib / "libcuda.so.1"), mode=ctypes.RTLD_GLOBAL)
+    os.environ.update(cpu_launch_env(os.environ, lib))

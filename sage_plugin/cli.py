@@ -220,9 +220,6 @@ def _vlm_setup(
     return SpecEngine(target, draft), requests, processor.tokenizer, target_desc, draft_desc
 
 
-LIBCUDA_SUBDIR = Path("usr/lib/x86_64-linux-gnu/nvidia/current")
-
-
 def _serving_parser(sub) -> None:
     p = sub.add_parser("bench-serving", help="SGLang serving: SAGE vs plain decoding, side by side (needs sglang)")
     p.add_argument("--config", default="engine_configs/sglang/smollm2_cpu_sage.yaml", help="SGLang --config YAML")
@@ -241,16 +238,14 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
     from .bench.prompts import mixed_text_prompts, render_chat
     from .bench.serving import format_table, run_serving_bench
     from .models import bundled_draft_dir, ensure_smollm2, load_tokenizer
+    from .runtimes.sglang.cpu_env import cpu_launch_env, unpacked_libcuda
 
     target = Path(args.target) if args.target else ensure_smollm2()
     draft = Path(args.draft) if args.draft else bundled_draft_dir()
     if draft is None:
         raise ConfigError("--draft: no bundled draft found; pass a draft model or EAGLE head directory")
-    env = dict(environ)
-    lib = Path(args.libcuda_dir) / LIBCUDA_SUBDIR
-    if (lib / "libcuda.so.1").is_file():  # CPU machine set up by tools/setup_sglang.sh (what env.sh does)
-        env["LD_LIBRARY_PATH"] = ":".join(x for x in (str(lib.resolve()), env.get("LD_LIBRARY_PATH")) if x)
-        env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    lib = unpacked_libcuda(args.libcuda_dir)  # a CPU machine set up by tools/setup_sglang.sh
+    env = cpu_launch_env(environ, lib) if lib is not None else dict(environ)
     tok = load_tokenizer(target)
     prompts = [tok.decode(render_chat(tok, p)) for p in mixed_text_prompts(args.num_prompts)]
     report = run_serving_bench(

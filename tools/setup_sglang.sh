@@ -56,7 +56,7 @@ else
 fi
 
 # --- 2. libcuda.so.1 for a machine without an NVIDIA driver --------------------------------------------
-LIB_SUBDIR=usr/lib/x86_64-linux-gnu/nvidia/current
+LIB_SUBDIR=usr/lib/x86_64-linux-gnu/nvidia/current  # = sage_plugin/runtimes/sglang/cpu_env.py LIBCUDA_SUBDIR
 if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
     log "system libcuda.so.1 found (NVIDIA driver installed): skipping the Debian library"
     LIB_PATH=""
