@@ -140,14 +140,13 @@ def validate_server_args(server_args: Any) -> None:
         )
     name = str(server_args.speculative_algorithm).upper()
     archs = _draft_architectures(str(draft), server_args.speculative_draft_model_revision)
-    if archs is None:
+    if archs is None:  # an explicit variant is taken as given
         if name == "SAGE":
             raise ConfigError(
                 f"--speculative-draft-model-path {draft}: no config.json readable, so SAGE cannot tell a "
                 "standalone draft from an EAGLE head; pass --speculative-algorithm sage_eagle or sage_eagle3 "
                 "for a head (sage itself means a standalone draft once the config is reachable)"
             )
-        kind = {v: k for k, v in VARIANTS.items()}[name]
     else:
         kind = draft_kind_of(archs)
         want = VARIANTS[kind]

@@ -93,6 +93,7 @@ PROMETHEUS_GAUGES = {
     "sglang:sage_mean_accept_length": ("sage_mean_accept_length", "SAGE: mean accept length (drafts + bonus)."),
 }
 _gauges: dict[str, Any] = {}  # created once per process, on first use
+_cpu_kernels_ready = False  # eagle_utils holds the CPU sampling kernels (set once by _cpu_sampling_kernels_in_place)
 
 #: The SAGE selection of the draft step in progress (set by ``SageDraftWorker.draft``), else None.
 ACTIVE_SELECTION: ContextVar[Callable[..., Any] | None] = ContextVar("sage_active_selection", default=None)
@@ -158,7 +159,13 @@ def output_streamer_class(original: Callable[..., Any], self: Any) -> type:
 
 
 def _cpu_sampling_kernels_in_place() -> bool:
-    """Fill ``eagle_utils``' missing (``None``) sampling kernels with the CPU ones; whether all three are there."""
+    """Fill ``eagle_utils``' missing (``None``) sampling kernels with the CPU ones; whether all three are there.
+
+    Done once per process: the answer is kept, so a verify step pays one global lookup.
+    """
+    global _cpu_kernels_ready
+    if _cpu_kernels_ready:
+        return True
     import sys
 
     module = sys.modules.get(EAGLE_UTILS)  # the caller's module: already imported
@@ -174,7 +181,8 @@ def _cpu_sampling_kernels_in_place() -> bool:
     for name, kernel in kernels.items():
         if getattr(module, name, None) is None:
             setattr(module, name, kernel)
-    return all(getattr(module, name, None) is not None for name in kernels)
+    _cpu_kernels_ready = all(getattr(module, name, None) is not None for name in kernels)
+    return _cpu_kernels_ready
 
 
 def verify_uses_greedy(original: Callable[..., Any], **kwargs: Any) -> bool:
