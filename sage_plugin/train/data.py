@@ -4,8 +4,9 @@ Three sources feed the label stage (:mod:`sage_plugin.train.labels`):
 
 (a) the CPython stdlib ``.py`` sources of the running interpreter (``sysconfig.get_paths()["stdlib"]``, without
     ``site-packages``), (b) Debian ``python3.11-doc`` reST/text under ``/usr/share/doc/python3.11`` if installed,
-    and (c) chat prompts built offline (templated general/role-play/math/code requests and HumanEval-style
-    prompts made from stdlib functions) that the target answers greedily.
+    and (c) chat prompts built offline (templated general/role-play/math/code requests, HumanEval-style
+    prompts made from stdlib functions and the instruction categories of :mod:`sage_plugin.train.instructions`)
+    that the target answers greedily.  Chat prompts never depend on python3.11-doc being installed.
 
 MT-Bench and HumanEval are never used for training: they are the held-out evaluation set
 (:func:`sage_plugin.train.evaluate.evaluate_draft`), and any generated prompt equal to one of them is dropped.
@@ -242,30 +243,27 @@ def _stdlib_function_prompts(seed: int, stdlib: str | Path | None = None) -> Ite
                 yield f"Write a Python function `{node.name}` that does the following: {summary}."
 
 
-def _faq_questions(doc_root: str | Path = PYTHON_DOC_DIR) -> list[str]:
-    out = []
-    for f in python_doc_files(doc_root):
-        if "faq" not in str(f).lower():
-            continue
-        lines = _read_text(f).splitlines()
-        for a, b in zip(lines, lines[1:], strict=False):
-            a = a.strip()
-            if a.endswith("?") and b.strip() and set(b.strip()) <= set("=-~^\"'*+#") and len(a) > 10:
-                out.append(a)
-    return out
+MIX_V1_PROMPTS = 3072
+"""Prompts ``0 .. MIX_V1_PROMPTS-1`` are the first templated mix (drafts v1/v2 were trained on its first 2,048);
+later prompts come mostly from :func:`sage_plugin.train.instructions.instruction_prompts`.  Growing ``n`` never
+changes earlier prompts, so label shards of a smaller run stay valid."""
 
 
-def chat_prompts(n: int, seed: int = 0, stdlib: str | Path | None = None,
-                 doc_root: str | Path = PYTHON_DOC_DIR) -> list[str]:
-    """``n`` distinct user messages for the target to answer (deterministic for a seed).
+def chat_prompts(n: int, seed: int = 0, stdlib: str | Path | None = None) -> list[str]:
+    """``n`` distinct user messages for the target to answer (deterministic for a seed; a prefix of a larger ``n``).
 
     Sources, interleaved: templated general requests (topic x task), role-play,
     synthetic arithmetic word problems, coding requests, prompts made from documented stdlib functions (HumanEval
-    format, explanations, re-implementations) and python3.11-doc FAQ questions when installed.  Messages equal to
-    an MT-Bench or HumanEval prompt are dropped (those are the held-out evaluation sets).
+    format, explanations, re-implementations); after
+    :data:`MIX_V1_PROMPTS` prompts, two in three come from the compositional instruction categories of
+    :mod:`sage_plugin.train.instructions` (writing, role-play, reasoning, math, extraction, knowledge, code,
+    advice).  Messages equal to an MT-Bench or HumanEval prompt are dropped (those are the held-out evaluation
+    sets).
     """
     if n <= 0:
         return []
+    from .instructions import instruction_prompts
+
     rng = random.Random(seed)
     general = [t.format(t=topic) for t in _GENERAL_TEMPLATES for topic in _TOPICS]
     rng.shuffle(general)
@@ -287,33 +285,34 @@ def chat_prompts(n: int, seed: int = 0, stdlib: str | Path | None = None,
         "math": math_gen(),
         "code": iter(code),
         "stdlib": _stdlib_function_prompts(seed, stdlib),
-        "faq": iter(_faq_questions(doc_root)),
+        "instruction": instruction_prompts(seed, stdlib),
     }
-    pattern = ["general", "stdlib", "general", "roleplay", "math", "code", "general", "stdlib", "math", "faq",
-               "general", "stdlib"]
+    phases = [(min(n, MIX_V1_PROMPTS), ["general", "stdlib", "general", "roleplay", "math", "code", "general",
+                                        "stdlib", "math", "general", "stdlib"]),
+              (n, ["instruction", "instruction", "stdlib", "instruction", "instruction", "general"])]
     held_out = _heldout_messages()
     seen: set[str] = set()
     out: list[str] = []
-    misses = 0
-    while len(out) < n and misses < 10 * len(pattern) + 1000:
-        for name in pattern:
-            if len(out) >= n:
+    for goal, pattern in phases:
+        misses = 0
+        while len(out) < goal and misses < 10 * len(pattern) + 1000:
+            for name in pattern:
+                if len(out) >= goal:
+                    break
+                it = sources.get(name)
+                msg = next(it, None) if it is not None else None
+                if msg is None:
+                    sources.pop(name, None)
+                    misses += 1
+                    continue
+                key = msg.strip()
+                if key in held_out or key in seen:
+                    misses += 1
+                    continue
+                seen.add(key)
+                out.append(msg)
+            if not sources:
                 break
-            it = sources.get(name)
-            msg = next(it, None) if it is not None else None
-            if msg is None:
-                sources.pop(name, None)
-                misses += 1
-                continue
-            key = msg.strip()
-            if key in held_out or key in seen:
-                misses += 1
-                continue
-            seen.add(key)
-            out.append(msg)
-        if not sources:
-            break
     if len(out) < n:
         logger.warning("only %d distinct training prompts available (asked for %d)", len(out), n)
     return out
-

@@ -90,6 +90,28 @@ def test_chat_prompts_hold_out_eval_sets():
     assert not held & {p.strip() for p in prompts}
 
 
+def test_chat_prompts_second_mix_keeps_the_first_and_covers_every_category():
+    from sage_plugin.bench.prompts import load_prompts
+    from sage_plugin.train.data import MIX_V1_PROMPTS
+    from sage_plugin.train.instructions import CATEGORIES, instruction_prompts
+
+    n = MIX_V1_PROMPTS + 240
+    big = chat_prompts(n, seed=0)
+    assert len(big) == len(set(big)) == n
+    assert chat_prompts(MIX_V1_PROMPTS + 60, seed=0) == big[: MIX_V1_PROMPTS + 60]
+    held = {m["content"].strip() for ds in ("mt_bench", "humaneval") for p in load_prompts(ds) for m in p.messages}
+    assert not held & {p.strip() for p in big}
+    # the second phase draws mostly from the instruction stream: one prompt per category in turn
+    it = instruction_prompts(seed=0)
+    stream = [next(it) for _ in range(8 * len(CATEGORIES))]
+    assert stream == [p for p, _ in zip(instruction_prompts(seed=0), range(len(stream)), strict=False)]
+    assert len(set(big[MIX_V1_PROMPTS:]) & set(stream)) >= len(CATEGORIES)
+    reasoning = stream[CATEGORIES.index("reasoning") :: len(CATEGORIES)]
+    assert all("?" in p for p in reasoning)
+    extraction = stream[CATEGORIES.index("extraction") :: len(CATEGORIES)]
+    assert all("\n\n" in p and len(p) > 120 for p in extraction)  # an instruction, then the text to work on
+
+
 def test_rare_rows_never_win():
     from transformers import LlamaConfig
 
