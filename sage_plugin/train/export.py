@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from .data import MIX_V1_PROMPTS
 from .evaluate import evaluate_draft
 from .model import CompactDraft, target_config
 
@@ -123,10 +124,12 @@ It is not meant to be used on its own.
   windows of {a['seq_len']} tokens; loss = cross-entropy on the target argmax + {a['kl_weight']} x KL to the
   target's top-{a['topk']} distribution.
 - Data: {data.get('chat_tokens', '?')} tokens of the target's greedy answers to {data.get('chat_prompts', '?')}
-  offline-generated chat prompts (templated requests, role-play, arithmetic, coding, HumanEval-style
-  prompts built from CPython stdlib functions) and {data.get('text_tokens', '?')} tokens of CPython stdlib
-  sources (plus Debian python3.11-doc when installed).  No bundled benchmark prompt (MT-Bench, GSM8K,
-  HumanEval) was used.
+  offline-generated chat prompts (`sage_plugin.train.data.chat_prompts`: templated requests, role-play,
+  arithmetic, coding, HumanEval-style prompts built from CPython stdlib functions; after the first
+  {MIX_V1_PROMPTS:,}, two in three from the writing / role-play / reasoning / math / extraction / knowledge /
+  code / advice categories of `sage_plugin.train.instructions`) and {data.get('text_tokens', '?')} tokens of
+  CPython stdlib sources (plus Debian python3.11-doc when installed).  No bundled benchmark prompt (MT-Bench,
+  GSM8K, HumanEval) was used.
 - {state['step']} steps, {state['tokens_seen']:,} training tokens, AdamW lr {a['lr']} ({a['schedule']}),
   batch {a['batch_size']}x{a['seq_len']}, seed {a['seed']}.
 - Output head trained over the {n_keep} most frequent target labels (`sage_draft.json`: `head_token_ids`);
@@ -142,7 +145,7 @@ sage train-draft --out RUN --steps {a['steps']} --batch-size {a['batch_size']} -
   --gen-max-new-tokens {a['gen_max_new_tokens']} \\
   --layers {a['layers']} --hidden {a['hidden']} --heads {a['heads']} --kv-heads {a.get('kv_heads') or a['heads']} \\
   --intermediate {a['intermediate']} --chat-repeat {a.get('chat_repeat', 2)} --head-vocab {a['head_vocab']} --init-embeddings {a['init_embeddings']} --kl-weight {a['kl_weight']} \\
-  --seed {a['seed']}
+  --seed {a['seed']}{f" --eval-limit {a['eval_limit']}" if a.get('eval_limit') else ''}
 ```
 
 ## Licence
