@@ -26,8 +26,8 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HELD_OUT_DATASETS", "PYTHON_DOC_DIR", "stdlib_files", "python_doc_files", "text_documents",
-           "chat_prompts"]
+__all__ = ["HELD_OUT_DATASETS", "PYTHON_DOC_DIR", "stdlib_files", "stdlib_modules", "python_doc_files",
+           "text_documents", "chat_prompts"]
 
 HELD_OUT_DATASETS: tuple[str, ...] = ("mt_bench", "humaneval")
 """Bundled prompt sets reserved for evaluation: never used to build training data."""
@@ -207,19 +207,28 @@ def _heldout_messages() -> set[str]:
     return out
 
 
+def stdlib_modules(stdlib: str | Path | None = None, shuffle_seed: int | None = None) -> Iterator[tuple[str, ast.Module]]:
+    """(source, parsed module) of each stdlib file outside test directories, lazily; unparseable files skipped.
+
+    Files come in :func:`stdlib_files` order, or shuffled by ``random.Random(shuffle_seed)`` when it is given.
+    """
+    files = [f for f in stdlib_files(stdlib) if not {"test", "tests", "idle_test"} & set(f.parts)]
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(files)
+    for f in files:
+        src = _read_text(f)
+        try:
+            yield src, ast.parse(src)
+        except (SyntaxError, ValueError):
+            continue
+
+
 def _stdlib_function_prompts(seed: int, stdlib: str | Path | None = None) -> Iterator[str]:
     """Prompts made from documented stdlib functions: HumanEval-style completion, explanation, re-implementation."""
     from sage_plugin.bench.prompts import HUMANEVAL_PREFIX, HUMANEVAL_SUFFIX
 
-    files = [f for f in stdlib_files(stdlib) if not {"test", "tests", "idle_test"} & set(f.parts)]
-    random.Random(seed + 17).shuffle(files)
     kind = 0
-    for f in files:
-        src = _read_text(f)
-        try:
-            tree = ast.parse(src)
-        except (SyntaxError, ValueError):
-            continue
+    for src, tree in stdlib_modules(stdlib, shuffle_seed=seed + 17):
         lines = src.splitlines()
         for node in ast.walk(tree):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):

@@ -272,16 +272,10 @@ def _records(r: random.Random) -> str:
 
 def _docstring_paragraphs(stdlib: str | Path | None) -> list[str]:
     """Prose paragraphs (300-1200 characters) of stdlib module, class and function docstrings, in file order."""
-    from .data import _read_text, stdlib_files
+    from .data import stdlib_modules
 
     out = []
-    for f in stdlib_files(stdlib):
-        if {"test", "tests", "idle_test"} & set(f.parts):
-            continue
-        try:
-            tree = ast.parse(_read_text(f))
-        except (SyntaxError, ValueError):
-            continue
+    for _, tree in stdlib_modules(stdlib):
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
