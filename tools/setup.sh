@@ -16,7 +16,17 @@ for arg in "$@"; do
 done
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+if [ ! -x .venv/bin/python ]; then
+    # A new venv takes about 6 GB (torch 2.14.1's wheel is the CUDA build), 12 GB with SGLang, plus pip's
+    # temporary files: say so up front instead of failing half-way with "No space left on device".
+    NEED_GB=7; [ "$WITH_SGLANG" = 1 ] && NEED_GB=13
+    FREE_GB=$(df -Pk . | awk 'NR == 2 {print int($4 / 1048576)}')
+    if [ -n "$FREE_GB" ] && [ "$FREE_GB" -lt "$NEED_GB" ]; then
+        echo "tools/setup.sh: about $NEED_GB GB of free disk needed in $PWD for .venv, $FREE_GB GB free (df -h .)" >&2
+        exit 1
+    fi
+    "$PY" -m venv .venv
+fi
 V=.venv/bin
 $V/python -m pip install -q --upgrade pip
 # torch 2.14.1 + torchvision 0.29.1: the pair SGLang 0.5.23 pins; pip takes them from local disk
