@@ -172,11 +172,22 @@ def bench_main(args) -> int:
         "machine": platform.machine(),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "round_costs": {
+            f"batch {b}, {n} nodes": {"verify_ms": [round(float(x), 2) for x in c.verify_ms], "draft_ms": round(c.draft_ms, 2)}
+            for (b, n, _), c in engine.round_costs.items()
+        },
     }
     summary = summarize(results, config)
     print()
     print(markdown_table(summary, args.temperature <= 0))
     print("\ntau = decode tokens per target forward (bonus included; ar = 1.00); accepted/round excludes the bonus.")
+    for (b, _, _), c in engine.round_costs.items():
+        v = c.verify_ms
+        shown = ", ".join(f"{q + 1}: {float(v[q]):.1f}" for q in (0, 1, 2, 3, 5, 8, 15, 24) if q < len(v))
+        print(
+            f"node_budget=auto, batch {b}: target forward ms by verified tokens (measured here) {shown}; "
+            f"draft forward {c.draft_ms:.1f} ms"
+        )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(summary, indent=2))

@@ -32,6 +32,14 @@ Open points (SAGE_SPEC §2) and their switches:
 10  tau units for the history thresholds         ``history_tau``        drafts, drafts_plus_bonus
 11  rebuild buffers every round                  (always; not a knob: trees are rebuilt per round)
 ==  ===========================================  =====================  ==========================
+
+Beyond the paper: ``node_budget`` (``auto``, ``fixed``).  ``fixed`` verifies every node SAGE builds (at most
+``n_max``), as the paper does on its GPU.  ``auto`` (default) also cuts each round's tree to the node count that
+maximises expected tokens per second under the target's measured verify cost on this device
+(:mod:`sage_plugin.core.cost`; SAGE_SPEC §3: "N_max should shrink ... EAGLE picks total_token by profiling"), and
+stops drafting levels the cut would not use.  Where a verify forward costs the same for 1 or 64 tokens (a GPU at
+small batch) the two agree; on a CPU ``auto`` keeps 1-3 nodes.  Only SAGE uses it: the baselines keep their
+published shapes.  Runtimes without a measured cost (SGLang's fixed CUDA-graph verify width) ignore it.
 """
 
 from __future__ import annotations
@@ -118,6 +126,7 @@ class SageConfig:
     w_min: int = 2
     w_max: int = 10
     n_max: int = 64  # node cap (draft nodes, root excluded)
+    node_budget: str = "auto"  # auto: also the cost-optimal cut under the measured verify cost; fixed: n_max only
     theta0: float = 0.1  # theta_l = theta0 * l / D
     alpha_init: float = 0.5
     first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)
@@ -159,6 +168,7 @@ class SageConfig:
         _int_in("w_min", self.w_min, 1, self.k, " (w_min <= k)")
         _int_in("w_max", self.w_max, self.w_min, self.k, " (w_min <= w_max <= k)")
         _int_in("n_max", self.n_max, 1, 1024)
+        _choice("node_budget", self.node_budget, ("auto", "fixed"))
         _float_in("theta0", self.theta0, 0.0, 1.0)
         _float_in("alpha_init", self.alpha_init, 0.0, 1.0)
         _bool("first_round_static", self.first_round_static)

@@ -20,10 +20,13 @@ from ..config import POLICIES, ConfigError, SageConfig
 
 __all__ = ["MethodSpec", "parse_method", "DEFAULT_METHODS", "ABLATIONS"]
 
-DEFAULT_METHODS = ("ar", "chain", "static", "eagle2", "sage")
+#: ``sage`` sizes its trees to this device's measured verify cost (``node_budget="auto"``); ``sage-paper`` is SAGE
+#: with the paper's fixed budget (every node it builds is verified, up to ``n_max``), the setting the baselines use.
+DEFAULT_METHODS = ("ar", "chain", "static", "eagle2", "sage", "sage-paper")
 
 #: Named ablations of SAGE_SPEC §8 (components and open points), usable as ``--methods`` entries.
 ABLATIONS: dict[str, str] = {
+    "sage-paper": "sage:node_budget=fixed",
     "sage-entropy-only": "sage:use_history=false",
     "sage-history-only": "sage:use_entropy=false",
     "sage-fixed": "sage:use_entropy=false,use_history=false",

@@ -43,6 +43,7 @@ def summarize(results: dict[str, MethodResult], config: dict) -> dict:
             "target_forwards": r.target_forwards,
             "decode_s": round(r.decode_s, 3),
             "prefill_s": round(r.prefill_s, 3),
+            "profile_s": round(r.profile_s, 3),
             "rounds": len(rounds),
             "alpha_hist": _hist([x.alpha for x in rounds], alpha_bins),
             "depth_hist": _hist([x.plan_depth for x in rounds]),

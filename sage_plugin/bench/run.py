@@ -39,6 +39,7 @@ class MethodResult:
     target_forwards: int = 0
     decode_s: float = 0.0
     prefill_s: float = 0.0
+    profile_s: float = 0.0  # measuring the round cost (node_budget="auto"), outside prefill and decode
     outputs: dict[str, list[int]] = field(default_factory=dict)
     rounds: list = field(default_factory=list)  # (request_id, RoundLog) in order
     exact: int = 0
@@ -79,6 +80,7 @@ def run_methods(
         for m in methods:
             for _ in range(warmup):
                 engine.generate(requests[:1], warm, policies[m.name])
+                results[m.name].profile_s += engine.last_profile_s
     batches = _batches(requests, batch_size)
     bar = tqdm(total=len(batches) * len(methods), desc="bench", disable=not progress, unit="run")
     for batch in batches:
@@ -87,6 +89,7 @@ def run_methods(
             res = results[m.name]
             res.decode_s += engine.last_decode_s
             res.prefill_s += engine.last_prefill_s
+            res.profile_s += engine.last_profile_s
             for out in outs:
                 res.outputs[out.request_id] = out.tokens
                 res.decode_tokens += max(0, len(out.tokens) - 1)

@@ -39,6 +39,7 @@ import torch
 
 from ..config import SageConfig
 from .controller import HistoryState, history_init, history_update
+from .cost import best_count, top_count_mask
 from .entropy import topk_confidence
 from .expand import NEG_INF, Candidates, DraftPool, Frontier, append, budget_top_n, finalize, new_pool, propose
 from .tree import DraftTree, codes_of_choices, tree_from_choices
@@ -125,7 +126,14 @@ class TreePolicy(Protocol):
         self, plan: RoundPlan, pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, level: int
     ) -> Frontier: ...
 
-    def finalize(self, plan: RoundPlan, pool: DraftPool) -> DraftTree: ...
+    def finalize(self, plan: RoundPlan, pool: DraftPool, round_ms: torch.Tensor | None = None) -> DraftTree: ...
+
+    # Hardware-aware node budget (:mod:`sage_plugin.core.cost`): a runtime that measured its round cost passes
+    # ``round_ms [N+1]`` (cost of verifying q = 0..N nodes after this round's draft forwards, N = pool_capacity - 1)
+    # to ``finalize`` and asks ``keep_drafting`` after each level; policies with ``wants_cost = False`` ignore it.
+    wants_cost: bool
+
+    def keep_drafting(self, pool: DraftPool, level: int, round_ms: torch.Tensor) -> torch.Tensor: ...
 
     def observe(
         self,
@@ -155,6 +163,7 @@ class _Base:
     """Shared state handling: fixed-shape policies keep no adaptive state."""
 
     name = "base"
+    wants_cost = False  # the baselines keep their published fixed shapes
 
     def __init__(self, cfg: SageConfig) -> None:
         self.cfg = cfg
@@ -176,9 +185,12 @@ class _Base:
     def observe(self, state, plan, tree, accepted_nodes, num_accepted, pool=None) -> PolicyState:
         return PolicyState(plan.root_alpha, torch.zeros_like(state.first_round), state.history, state.planned)
 
-    def finalize(self, plan: RoundPlan, pool: DraftPool) -> DraftTree:
+    def finalize(self, plan: RoundPlan, pool: DraftPool, round_ms: torch.Tensor | None = None) -> DraftTree:
         selected = torch.arange(pool.capacity + 1, device=pool.count.device) < pool.count[:, None]
         return finalize(pool, selected, self.max_depth, self.tree_capacity)
+
+    def keep_drafting(self, pool: DraftPool, level: int, round_ms: torch.Tensor) -> torch.Tensor:
+        return torch.ones((), dtype=torch.bool, device=pool.count.device)
 
 
 class ChainPolicy(_Base):
@@ -250,7 +262,7 @@ class Eagle2Policy(_Base):
         expand = expand.view_as(c.valid) & (level < self.max_depth)
         return append(pool, c, c.valid, expand, c.joint, self.frontier_capacity)
 
-    def finalize(self, plan: RoundPlan, pool: DraftPool) -> DraftTree:
+    def finalize(self, plan: RoundPlan, pool: DraftPool, round_ms: torch.Tensor | None = None) -> DraftTree:
         filled = torch.arange(pool.capacity + 1, device=pool.count.device) < pool.count[:, None]
         score = torch.where(filled, pool.joint, NEG_INF)
         score[:, 0] = float("inf")  # the root always stays
@@ -269,6 +281,28 @@ class SagePolicy(_Base):
         self.max_depth = cfg.max_tree_depth
         self.tree_capacity = self.pool_capacity = cfg.max_tree_nodes + 1
         self.frontier_capacity = cfg.max_tree_nodes
+        self.wants_cost = cfg.node_budget == "auto"
+
+    def finalize(self, plan: RoundPlan, pool: DraftPool, round_ms: torch.Tensor | None = None) -> DraftTree:
+        """All pool nodes; with ``node_budget="auto"`` and a measured ``round_ms``, the cost-optimal best-first cut."""
+        if round_ms is None or not self.wants_cost:
+            return super().finalize(plan, pool)
+        node_logp = _node_logp(pool)
+        keep = top_count_mask(node_logp, best_count(node_logp, round_ms))
+        selected = torch.cat([torch.ones_like(keep[:, :1]), keep, torch.zeros_like(keep[:, :1])], 1)
+        return finalize(pool, selected, self.max_depth, self.tree_capacity)
+
+    def keep_drafting(self, pool: DraftPool, level: int, round_ms: torch.Tensor) -> torch.Tensor:
+        """0-dim bool: does the cost-optimal cut of the pool so far use a node of ``level``?
+
+        If not, drafting the next level cannot pay either: its nodes are less probable than their parents, which
+        the cut already leaves out.  (Without a node budget every level pays: always True.)
+        """
+        if not self.wants_cost:
+            return super().keep_drafting(pool, level, round_ms)
+        node_logp = _node_logp(pool)
+        keep = top_count_mask(node_logp, best_count(node_logp, round_ms))
+        return (keep & (pool.depths[:, 1:-1] == level)).any()
 
     def init_state(self, batch: int, device: torch.device | str = "cpu") -> PolicyState:
         state = super().init_state(batch, device)
@@ -406,6 +440,12 @@ class SagePolicy(_Base):
             logprobs = torch.where(found[..., None], replay, root[:, None, :])
         filled = torch.arange(self.pool_capacity + 1, device=alpha.device) < vpool.count[:, None]
         return torch.where(filled, vpool.codes, -1)[:, : self.tree_capacity]
+
+
+def _node_logp(pool: DraftPool) -> torch.Tensor:
+    """``[B, P-1]`` joint log-probability of the pool's draft nodes (root and trash column dropped), -inf if empty."""
+    filled = torch.arange(1, pool.capacity, device=pool.count.device) < pool.count[:, None]
+    return torch.where(filled, pool.joint[:, 1:-1], NEG_INF)
 
 
 def _code_depth(codes: torch.Tensor, k: int) -> torch.Tensor:

@@ -13,6 +13,11 @@ One round per batch (SAGE Algorithm 1 with the online topology of SAGE_SPEC §2 
    accepted nodes that it already processed are committed too, the rest become pending.
    ``policy.observe`` updates alpha (lag-1) and the history controller.
 
+A policy with ``wants_cost`` (SAGE, ``node_budget="auto"``) also gets the round cost measured on this device
+(:func:`~sage_plugin.engines.profile.measure_round_cost`, once per batch size, timed apart from prefill and decode
+in ``last_profile_s``): it stops drafting levels that would not be verified and cuts the tree to the cost-optimal
+size (:mod:`sage_plugin.core.cost`).
+
 Plain decoding (``policy=None``) runs through the same KV machinery, one token per forward.
 """
 
@@ -23,12 +28,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core.cost import RoundCost
 from ..core.expand import Frontier, new_pool
 from ..core.policies import TreePolicy
 from ..core.tree import ancestor_mask
 from ..core.verify import VerifyResult, greedy_verify, process_logits, sample_tokens, sample_verify
 from .adapters import GenRequest, ModelAdapter
 from .kv import SeqState
+from .profile import measure_round_cost
 
 __all__ = ["SamplingParams", "GenOutput", "RoundLog", "SpecEngine"]
 
@@ -82,6 +89,9 @@ class SpecEngine:
         self.device = target.device
         self.last_prefill_s = 0.0
         self.last_decode_s = 0.0
+        self.last_profile_s = 0.0
+        #: measured round costs by ``(batch, max tree nodes, frontier capacity)``; set an entry to pin one
+        self.round_costs: dict[tuple[int, int, int], RoundCost] = {}
 
     # ------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -101,6 +111,8 @@ class SpecEngine:
         dstate = SeqState.from_prefills([self.draft.prefill(r) for r in requests]) if policy is not None else None
         self._sync()
         t1 = time.perf_counter()
+        cost, t_profile = self._round_cost(policy, tstate, dstate) if policy is not None else (None, 0.0)
+        t1 += t_profile
         active = self._emit(outputs, list(range(len(requests))), roots[:, None], torch.ones_like(roots), params)
         rows = _rows(active, self.device)
         tstate.select(rows)
@@ -110,11 +122,27 @@ class SpecEngine:
             self._decode_plain(tstate, roots, ids, outputs, params, gen)
         else:
             dstate.select(rows)
-            self._decode_spec(policy, tstate, dstate, roots, ids, outputs, params, gen)
+            self._decode_spec(policy, tstate, dstate, roots, ids, outputs, params, gen, cost)
         self._sync()
         t2 = time.perf_counter()
-        self.last_prefill_s, self.last_decode_s = t1 - t0, t2 - t1
+        self.last_prefill_s, self.last_decode_s = t1 - t0 - t_profile, t2 - t1
+        self.last_profile_s = t_profile
         return outputs
+
+    def _round_cost(self, policy: TreePolicy, tstate: SeqState, dstate: SeqState) -> tuple[RoundCost | None, float]:
+        """The round cost for this batch size and tree size (measured on first use, then kept) and the seconds
+        spent measuring it now; ``(None, 0.0)`` for a policy that does not use it."""
+        if not policy.wants_cost:
+            return None, 0.0
+        key = (tstate.next_pos.shape[0], policy.pool_capacity - 1, policy.frontier_capacity)
+        if key in self.round_costs:
+            return self.round_costs[key], 0.0
+        t0 = time.perf_counter()
+        width = min(policy.frontier_capacity, 4)  # a typical level: SAGE narrows from W (2-10) with depth
+        self.round_costs[key] = measure_round_cost(
+            self.target, self.draft, tstate, dstate, policy.pool_capacity - 1, width, sync=self._sync
+        )
+        return self.round_costs[key], time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------------------
     def _sync(self) -> None:
@@ -179,8 +207,9 @@ class SpecEngine:
             tstate.compact()
 
     # ------------------------------------------------------------------------------------------
-    def _decode_spec(self, policy: TreePolicy, tstate, dstate, roots, ids, outputs, params, gen) -> None:
+    def _decode_spec(self, policy: TreePolicy, tstate, dstate, roots, ids, outputs, params, gen, cost=None) -> None:
         dev = self.device
+        n_nodes = policy.pool_capacity - 1
         bsz = len(ids)
         pstate = policy.init_state(bsz, dev)
         pending = roots[:, None].clone()  # [B, Lp] tokens the draft has not processed (root last)
@@ -214,6 +243,8 @@ class SpecEngine:
                 frontier = policy.step(plan, pool, frontier, logprobs, level)
                 if level == policy.max_depth:
                     break
+                if cost is not None and not bool(policy.keep_drafting(pool, level, cost.round_ms(forwards, n_nodes))):
+                    break
                 width = int((frontier.idx >= 0).sum(1).max())
                 if width == 0:
                     break
@@ -235,7 +266,7 @@ class SpecEngine:
                 )
                 logprobs = torch.log_softmax(logits, -1)
                 forwards += 1
-            tree = policy.finalize(plan, pool)
+            tree = policy.finalize(plan, pool, cost.round_ms(forwards, n_nodes) if cost is not None else None)
             n = int(tree.num_nodes.max())
             # 3. target verification ---------------------------------------------------------
             tokens, parents, depths = tree.tokens[:, :n], tree.parents[:, :n], tree.depths[:, :n]

@@ -77,6 +77,11 @@ def test_bench_quick_shape(tmp_path, capsys):
     ]
     table = capsys.readouterr().out
     assert "| sage |" in table and "speed-up vs ar" in table
+    # sage (node_budget=auto) measured the round cost once, outside decode time; sage-paper did not need it
+    (costs,) = doc["config"]["round_costs"].values()
+    assert len(costs["verify_ms"]) == 65 and costs["draft_ms"] > 0
+    assert doc["methods"]["sage"]["profile_s"] > 0 and doc["methods"]["sage-paper"]["profile_s"] == 0
+    assert "node_budget=auto, batch 1: target forward ms by verified tokens" in table
 
 
 @pytest.mark.slow

@@ -65,8 +65,10 @@ def test_greedy_equals_plain_decoding(engine, policy, batch):
     sp = SamplingParams(max_new_tokens=40)
     ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
     got = []
+    # the paper's fixed budgets: with node_budget="auto" SAGE's trees follow this machine's timings (tested below)
+    cfg = SageConfig(policy=policy, node_budget="fixed")
     for i in range(0, len(reqs), batch):
-        got += engine.generate(reqs[i : i + batch], sp, build_policy(SageConfig(policy=policy)))
+        got += engine.generate(reqs[i : i + batch], sp, build_policy(cfg))
     for out in got:
         assert out.tokens == ref[out.request_id]
         assert len(out.tokens) == 40 and out.finish_reason == "length"
@@ -130,7 +132,8 @@ def test_plain_decoding_matches_hf_generate(engine):
 
 def test_sage_adapts_shape_and_history(engine):
     reqs = _requests(2)
-    out = engine.generate(reqs, SamplingParams(max_new_tokens=60), build_policy(SageConfig(history_window=3)))
+    cfg = SageConfig(history_window=3, node_budget="fixed")  # the paper's shapes, no cost cut
+    out = engine.generate(reqs, SamplingParams(max_new_tokens=60), build_policy(cfg))
     rounds = out[0].rounds
     assert rounds[0].nodes == 25, "round 1 uses the static mc_sim_7b_63 tree"
     later = rounds[1:]
@@ -139,6 +142,57 @@ def test_sage_adapts_shape_and_history(engine):
     for r in later:
         # Eq. 10/11 with D_max in [D_min, D_cap]
         assert 3 <= r.plan_depth <= 10 and 2 <= r.plan_width <= 10
+
+
+def test_round_cost_is_measured_once_per_batch_size(engine):
+    fresh = SpecEngine(engine.target, engine.draft)
+    pol = build_policy(SageConfig())
+    sp = SamplingParams(max_new_tokens=8)
+    fresh.generate(_requests(2), sp, pol)
+    assert fresh.last_profile_s > 0
+    (key, cost), = fresh.round_costs.items()
+    assert key == (2, pol.pool_capacity - 1, pol.frontier_capacity)
+    v = cost.verify_ms
+    assert v.shape == (pol.pool_capacity,) and bool(torch.isfinite(v[:2]).all()) and bool((v[1:] >= v[:-1]).all())
+    assert cost.draft_ms > 0
+    fresh.generate(_requests(2), sp, pol)
+    assert fresh.last_profile_s == 0.0 and len(fresh.round_costs) == 1
+    fresh.generate(_requests(2), sp, build_policy(SageConfig(node_budget="fixed")))
+    assert fresh.last_profile_s == 0.0 and len(fresh.round_costs) == 1, "fixed budget: nothing to measure"
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_sage_cost_cut_stays_lossless_and_sizes_trees_to_the_cost(engine, batch):
+    """Pinned round costs: flat keeps SAGE's trees, a mild per-token cost cuts them, a steep one leaves the root.
+
+    (The random tiny draft is under-confident, path probabilities ~0.01-0.1, hence the small mild cost.)
+    """
+    from sage_plugin.core.cost import RoundCost
+
+    reqs = _requests(3)
+    sp = SamplingParams(max_new_tokens=30)
+    ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
+    pol = build_policy(SageConfig())
+    n = pol.pool_capacity - 1
+    nodes = {}
+    for per_token_ms in (0.0, 0.05, 200.0):
+        fresh = SpecEngine(engine.target, engine.draft)
+        for b in range(1, batch + 1):
+            cost = RoundCost(10.0 + per_token_ms * torch.arange(n + 1, dtype=torch.float32), 1.0)
+            fresh.round_costs[(b, n, pol.frontier_capacity)] = cost
+        got = []
+        for i in range(0, len(reqs), batch):
+            got += fresh.generate(reqs[i : i + batch], sp, pol)
+            assert fresh.last_profile_s == 0.0, "pinned costs are not re-measured"
+        for out in got:
+            assert out.tokens == ref[out.request_id]
+        nodes[per_token_ms] = [r.nodes for o in got for r in o.rounds]
+        if per_token_ms == 200.0:
+            assert all(r.draft_forwards == 1 for o in got for r in o.rounds), "no level is drafted past the cut"
+        if per_token_ms == 0.0:
+            assert got[0].rounds[0].nodes == 25, "flat cost: round 1 keeps the whole static tree"
+    assert max(nodes[200.0]) == 0, "a node costing 20 plain steps is never verified"
+    assert 0 < max(nodes[0.05]) and sum(nodes[0.05]) / len(nodes[0.05]) < sum(nodes[0.0]) / len(nodes[0.0])
 
 
 def test_restricted_draft_head_matches_full_head_on_its_ids_and_stays_lossless(engine):

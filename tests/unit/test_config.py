@@ -19,6 +19,7 @@ BAD_VALUES: dict[str, list] = {
     "w_min": [0, 11, 1.5],  # w_min > k (10)
     "w_max": [1, 11],  # w_max < w_min (2), > k
     "n_max": [0, 1025, 64.0],
+    "node_budget": ["gpu", "", None, True],
     "theta0": [-0.1, 1.5, math.nan, math.inf, True, "0.1"],
     "alpha_init": [-0.01, 1.01, math.nan, None],
     "first_round_static": [1, "yes", None],

@@ -1,0 +1,81 @@
+"""Measure a round's cost on this device: target verify time by node count, and one draft forward.
+
+Feeds :class:`~sage_plugin.core.cost.RoundCost` (SAGE's ``node_budget="auto"``).  Timed on the batch's own
+prefilled caches (so context length and batch size are the real ones), with dummy tokens whose KV rows are never
+committed and are dropped afterwards.  Runs once per engine and batch size (about 2-5 s on a 2-core CPU,
+well under a second on a GPU), like SGLang's CUDA-graph capture at start-up.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from ..core.cost import RoundCost
+from .adapters import ModelAdapter
+from .kv import SeqState
+
+__all__ = ["measure_round_cost", "NODE_COUNTS"]
+
+#: node counts (root excluded) timed; the others are interpolated.
+NODE_COUNTS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def _forward_ms(model: ModelAdapter, state: SeqState, q: int, repeats: int, sync) -> float:
+    """Median wall time of a forward of ``q`` new tokens per request (causal among themselves), KV dropped after."""
+    bsz, dev = state.next_pos.shape[0], state.next_pos.device
+    ids = torch.zeros(bsz, q, dtype=torch.int64, device=dev)
+    pos = state.next_pos[:, None] + torch.arange(q, device=dev)
+    causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril().expand(bsz, q, q)
+    valid = torch.ones(bsz, q, dtype=torch.bool, device=dev)
+    times = []
+    for i in range(repeats + 1):  # the first run warms up
+        mask = state.attention_mask(causal, valid)
+        sync()
+        t0 = time.perf_counter()
+        model.forward(state, ids, pos, mask)
+        sync()
+        if i:
+            times.append((time.perf_counter() - t0) * 1e3)
+        state.compact(slack=0.0)  # drop the uncommitted rows again
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def measure_round_cost(
+    target: ModelAdapter,
+    draft: ModelAdapter,
+    tstate: SeqState,
+    dstate: SeqState,
+    max_nodes: int,
+    draft_width: int,
+    repeats: int = 2,
+    stop_ratio: float = 4.0,
+    sync=lambda: None,
+) -> RoundCost:
+    """Time the target at the :data:`NODE_COUNTS` up to ``max_nodes`` and the draft at ``draft_width`` tokens.
+
+    Counts are timed in increasing order until one costs more than ``stop_ratio`` plain steps: larger trees are
+    then priced at infinity (a round would have to yield more than ``stop_ratio`` tokens just to break even), which
+    keeps start-up short on slow devices.
+
+    Args:
+        tstate, dstate: prefilled target / draft states of the batch (left as they were).
+        max_nodes: largest tree (draft nodes, root excluded) the policy can build.
+        draft_width: tokens per request in a typical draft level.
+        sync: device synchronisation (``torch.cuda.synchronize`` on CUDA).
+    """
+    counts = [c for c in NODE_COUNTS if c < max_nodes] + [max_nodes]
+    measured, ms = [], []
+    for c in counts:
+        measured.append(c)
+        ms.append(_forward_ms(target, tstate, c + 1, repeats, sync))
+        if ms[-1] > stop_ratio * ms[0]:
+            break
+    draft_ms = _forward_ms(draft, dstate, max(1, draft_width), repeats, sync)
+    cost = RoundCost.from_samples(measured, ms, draft_ms, max_nodes)
+    if measured[-1] < max_nodes:
+        cost.verify_ms[measured[-1] + 1 :] = float("inf")
+    return cost

@@ -1,0 +1,160 @@
+"""Hardware-aware node budget (``core.cost`` and SAGE's ``node_budget="auto"``) against naive per-request loops."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sage_plugin.config import ConfigError, SageConfig
+from sage_plugin.core.cost import RoundCost, best_count, expected_yield, top_count_mask
+from sage_plugin.core.expand import new_pool
+from sage_plugin.core.policies import build_policy
+
+NEG = float("-inf")
+
+
+def _rows(draw_lists):
+    width = max(len(r) for r in draw_lists)
+    return torch.tensor([r + [NEG] * (width - len(r)) for r in draw_lists], dtype=torch.float32)
+
+
+logp_rows = st.lists(
+    st.lists(st.floats(-6.0, 0.0, allow_nan=False, width=32), min_size=0, max_size=9), min_size=1, max_size=4
+).filter(lambda rows: max(len(r) for r in rows) > 0)
+
+
+def _yield_ref(rows, q):
+    return sum(1.0 + sum(sorted((math.exp(x) for x in r), reverse=True)[:q]) for r in rows)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=logp_rows, draft_ms=st.floats(0.0, 10.0), base=st.floats(1.0, 50.0), slope=st.floats(0.0, 20.0))
+def test_expected_yield_and_best_count_match_naive(rows, draft_ms, base, slope):
+    node_logp = _rows(rows)
+    n = node_logp.shape[1]
+    got = expected_yield(node_logp)
+    ref = [_yield_ref(rows, q) for q in range(n + 1)]
+    assert got.tolist() == pytest.approx(ref, rel=1e-5)
+    round_ms = draft_ms + base + slope * torch.arange(n + 1, dtype=torch.float32) ** 1.3
+    rates = [ref[q] / float(round_ms[q]) for q in range(n + 1)]
+    q = int(best_count(node_logp, round_ms))
+    assert rates[q] == pytest.approx(max(rates), rel=1e-5)
+    assert all(r < rates[q] * (1 - 1e-5) for r in rates[:q]), "ties go to the smaller tree"
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=logp_rows, q=st.integers(0, 10))
+def test_top_count_mask_matches_naive(rows, q):
+    node_logp = _rows(rows)
+    mask = top_count_mask(node_logp, torch.tensor(q))
+    for b, r in enumerate(rows):
+        order = sorted(range(len(r)), key=lambda i: (-r[i], i))[:q]  # stable: earlier index first on ties
+        assert [i for i in range(node_logp.shape[1]) if mask[b, i]] == sorted(order)
+
+
+def test_worked_example_of_the_module_docstring():
+    node_logp = torch.log(torch.tensor([[0.8, 0.5, 0.1]]))
+    cost = RoundCost(torch.tensor([35.0, 37.0, 45.0, 53.0]), 3.0)
+    round_ms = cost.round_ms(forwards=2, nodes=3)
+    assert round_ms.tolist() == [41.0, 43.0, 51.0, 59.0]
+    assert expected_yield(node_logp).tolist() == pytest.approx([1.0, 1.8, 2.3, 2.4])
+    assert int(best_count(node_logp, round_ms)) == 2
+
+
+def test_round_cost_from_samples_interpolates_and_is_monotone():
+    cost = RoundCost.from_samples([0, 1, 3, 7], [10.0, 12.0, 11.0, 20.0], draft_ms=2.0, max_nodes=9)
+    v = cost.verify_ms.tolist()
+    assert len(v) == 10
+    assert v[:2] == [10.0, 12.0]
+    assert v[2] == 12.0 and v[3] == 12.0  # 11.5 and 11 (noise) lifted to the running max
+    assert v[4] == pytest.approx(13.25) and v[5] == pytest.approx(15.5)  # linear from (3, 11) to (7, 20)
+    assert v[7] == 20.0 and v[8] == 20.0 and v[9] == 20.0
+    assert all(a <= b for a, b in zip(v, v[1:]))
+    # counts past the measured curve cost its last value
+    assert cost.round_ms(forwards=1, nodes=12).tolist()[-1] == 22.0
+
+
+def test_config_node_budget_is_validated():
+    assert SageConfig().node_budget == "auto"
+    with pytest.raises(ConfigError, match="node_budget must be one of auto, fixed"):
+        SageConfig(node_budget="gpu")
+
+
+def _build(cfg: SageConfig, seed: int, bsz: int = 3):
+    """Drive SAGE over random draft distributions; return (policy, plan, pool)."""
+    pol = build_policy(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    vocab = 40
+
+    def logprobs(width):
+        return torch.log_softmax(torch.randn(bsz, width, vocab, generator=gen) * 3.0, -1)
+
+    state = pol.init_state(bsz, "cpu")
+    state = type(state)(state.alpha, torch.zeros_like(state.first_round), state.history, state.planned)
+    lp = logprobs(1)
+    plan = pol.plan(state, lp[:, 0])
+    pool, fr = new_pool(torch.zeros(bsz, dtype=torch.int64), pol.pool_capacity, pol.k)
+    for level in range(1, pol.max_depth + 1):
+        fr = pol.step(plan, pool, fr, lp, level)
+        if level == pol.max_depth or not bool(fr.valid.any()):
+            break
+        lp = logprobs(fr.idx.shape[1])
+    return pol, plan, pool
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sage_auto_cut_is_the_naive_best_first_cut_and_a_tree(seed):
+    pol, plan, pool = _build(SageConfig(), seed)
+    full = pol.finalize(plan, pool)  # no measured cost: the whole tree (the paper's behaviour)
+    n_nodes = pol.pool_capacity - 1
+    round_ms = RoundCost(30.0 + 4.0 * torch.arange(n_nodes + 1, dtype=torch.float32), 3.0).round_ms(4, n_nodes)
+    cut = pol.finalize(plan, pool, round_ms)
+    bsz = pool.count.shape[0]
+    rows = []
+    for b in range(bsz):
+        cnt = int(pool.count[b])
+        rows.append([float(pool.joint[b, i]) for i in range(1, cnt)])
+    rates = [_yield_ref(rows, q) / float(round_ms[q]) for q in range(n_nodes + 1)]
+    q = max(range(n_nodes + 1), key=lambda i: (rates[i], -i))
+    assert 0 < q < max(len(r) for r in rows), "a 4 ms/token verify cost must cut these trees"
+    for b in range(bsz):
+        kept = sorted(range(1, 1 + len(rows[b])), key=lambda i: (-rows[b][i - 1], i))[:q]
+        n = int(cut.num_nodes[b])
+        assert n == 1 + min(q, len(rows[b]))
+        assert sorted(cut.source[b, 1:n].tolist()) == sorted(kept)
+        parents = cut.parents[b, :n].tolist()
+        assert parents[0] == -1 and all(0 <= parents[i] < i for i in range(1, n)), "ancestor-closed, level order"
+        assert int(full.num_nodes[b]) == len(rows[b]) + 1
+
+
+def test_sage_auto_keeps_everything_on_a_flat_cost_and_fixed_ignores_cost():
+    pol, plan, pool = _build(SageConfig(), 11)
+    n_nodes = pol.pool_capacity - 1
+    flat = RoundCost(torch.full((n_nodes + 1,), 30.0), 3.0).round_ms(4, n_nodes)
+    steep = RoundCost(30.0 + 100.0 * torch.arange(n_nodes + 1, dtype=torch.float32), 3.0).round_ms(4, n_nodes)
+    full = pol.finalize(plan, pool)
+    assert torch.equal(pol.finalize(plan, pool, flat).num_nodes, full.num_nodes)
+    assert bool(pol.keep_drafting(pool, 1, flat))
+    assert int(pol.finalize(plan, pool, steep).num_nodes.max()) == 1, "a token costing 3 plain steps never pays"
+    assert not bool(pol.keep_drafting(pool, 1, steep))
+    fixed_pol, fplan, fpool = _build(SageConfig(node_budget="fixed"), 11)
+    assert not fixed_pol.wants_cost
+    assert torch.equal(fixed_pol.finalize(fplan, fpool, steep).num_nodes, full.num_nodes)
+    for policy in ("eagle2", "static", "chain"):
+        assert not build_policy(SageConfig(policy=policy)).wants_cost
+
+
+def test_keep_drafting_asks_whether_the_newest_level_is_in_the_cut():
+    pol, plan, pool = _build(SageConfig(), 3, bsz=1)
+    n_nodes = pol.pool_capacity - 1
+    deepest = int(pool.depths[0, : int(pool.count[0])].max())
+    assert deepest >= 2
+    mild = RoundCost(30.0 + 0.5 * torch.arange(n_nodes + 1, dtype=torch.float32), 3.0).round_ms(4, n_nodes)
+    cut = pol.finalize(plan, pool, mild)
+    in_cut_depths = set(cut.depths[0, 1 : int(cut.num_nodes[0])].tolist())
+    for level in range(1, deepest + 1):
+        assert bool(pol.keep_drafting(pool, level, mild)) == (level in in_cut_depths)
