@@ -220,7 +220,7 @@ def test_restricted_draft_head_matches_full_head_on_its_ids_and_stays_lossless(e
     sp = SamplingParams(max_new_tokens=24)
     ref = engine.generate(reqs, sp, None)
     for policy in POLICIES:
-        got = eng.generate(reqs, sp, build_policy(SageConfig(policy=policy)))
+        got = eng.generate(reqs, sp, build_policy(SageConfig(policy=policy, node_budget="fixed")))
         assert [o.tokens for o in got] == [o.tokens for o in ref]
         drafted = [r.nodes for o in got for r in o.rounds]
         assert sum(drafted) > 0

@@ -51,7 +51,9 @@ def _hf_greedy(model, req: GenRequest, n: int) -> list[int]:
 def _spec(engine: SpecEngine, processor, prompts, policy: str, batch: int):
     outs = []
     for i in range(0, len(prompts), batch):
-        outs += engine.generate(_requests(processor, prompts[i:i + batch]), SP, build_policy(SageConfig(policy=policy)))
+        # fixed budget: real trees whatever this machine's timings (auto would size them to the verify cost)
+        cfg = SageConfig(policy=policy, node_budget="fixed")
+        outs += engine.generate(_requests(processor, prompts[i:i + batch]), SP, build_policy(cfg))
     return [o.tokens for o in outs], outs
 
 
