@@ -5,7 +5,8 @@ yields ``1 + sum of the acceptance probabilities of the verified nodes`` tokens 
 With a calibrated draft the probability that greedy verification accepts a node is about its path probability
 ``p = exp(joint log-probability)`` (EAGLE-2's observation; SAGE_SPEC §4), so the expected yield of the ``q`` most
 probable nodes is ``1 + sum of their p``.  Joint probability never increases along a path, so "the ``q`` most
-probable nodes" is an ancestor-closed tree.
+probable nodes" (:func:`~sage_plugin.core.expand.budget_top_n`, ties to the earlier, parent-first index) is an
+ancestor-closed tree.
 
 ``verify_ms`` is the target's forward time as a function of the verified token count, measured once on the device
 (:class:`RoundCost`).  On a GPU it is flat up to hundreds of tokens and the cut keeps the whole tree (SAGE's own
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["RoundCost", "expected_yield", "best_count", "top_count_mask"]
+__all__ = ["RoundCost", "expected_yield", "best_count"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,16 +98,3 @@ def best_count(node_logp: torch.Tensor, round_ms: torch.Tensor) -> torch.Tensor:
     """
     rate = expected_yield(node_logp) / round_ms[: node_logp.shape[1] + 1]
     return torch.argmax(rate)  # first maximum: the smaller tree on ties
-
-
-def top_count_mask(node_logp: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """``[B, N]`` bool: each request's ``count`` (0-dim) most probable nodes (stable: earlier index first on ties).
-
-    Ancestor-closed when ``node_logp`` is a tree's joint log-probability in level order (a child never beats its
-    parent, and the parent comes first on a tie).
-    """
-    order = torch.sort(node_logp, dim=1, descending=True, stable=True).indices
-    place = torch.empty_like(order).scatter_(
-        1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
-    )
-    return (place < count) & (node_logp > float("-inf"))

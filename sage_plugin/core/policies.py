@@ -39,7 +39,7 @@ import torch
 
 from ..config import SageConfig
 from .controller import HistoryState, history_init, history_update
-from .cost import best_count, top_count_mask
+from .cost import best_count
 from .entropy import topk_confidence
 from .expand import NEG_INF, Candidates, DraftPool, Frontier, append, budget_top_n, finalize, new_pool, propose
 from .tree import DraftTree, codes_of_choices, tree_from_choices
@@ -287,8 +287,7 @@ class SagePolicy(_Base):
         """All pool nodes; with ``node_budget="auto"`` and a measured ``round_ms``, the cost-optimal best-first cut."""
         if round_ms is None or not self.wants_cost:
             return super().finalize(plan, pool)
-        node_logp = _node_logp(pool)
-        keep = top_count_mask(node_logp, best_count(node_logp, round_ms))
+        keep = _cost_cut(pool, round_ms)
         selected = torch.cat([torch.ones_like(keep[:, :1]), keep, torch.zeros_like(keep[:, :1])], 1)
         return finalize(pool, selected, self.max_depth, self.tree_capacity)
 
@@ -300,9 +299,7 @@ class SagePolicy(_Base):
         """
         if not self.wants_cost:
             return super().keep_drafting(pool, level, round_ms)
-        node_logp = _node_logp(pool)
-        keep = top_count_mask(node_logp, best_count(node_logp, round_ms))
-        return (keep & (pool.depths[:, 1:-1] == level)).any()
+        return (_cost_cut(pool, round_ms) & (pool.depths[:, 1:-1] == level)).any()
 
     def init_state(self, batch: int, device: torch.device | str = "cpu") -> PolicyState:
         state = super().init_state(batch, device)
@@ -442,10 +439,13 @@ class SagePolicy(_Base):
         return torch.where(filled, vpool.codes, -1)[:, : self.tree_capacity]
 
 
-def _node_logp(pool: DraftPool) -> torch.Tensor:
-    """``[B, P-1]`` joint log-probability of the pool's draft nodes (root and trash column dropped), -inf if empty."""
+def _cost_cut(pool: DraftPool, round_ms: torch.Tensor) -> torch.Tensor:
+    """``[B, P-1]`` bool over the pool's draft nodes (root and trash column dropped): the cost-optimal cut, i.e.
+    each request's ``q*`` most probable nodes (:func:`~sage_plugin.core.cost.best_count`)."""
     filled = torch.arange(1, pool.capacity, device=pool.count.device) < pool.count[:, None]
-    return torch.where(filled, pool.joint[:, 1:-1], NEG_INF)
+    node_logp = torch.where(filled, pool.joint[:, 1:-1], NEG_INF)
+    q = best_count(node_logp, round_ms)
+    return budget_top_n(filled, node_logp, q.expand(pool.count.shape[0]))
 
 
 def _code_depth(codes: torch.Tensor, k: int) -> torch.Tensor:

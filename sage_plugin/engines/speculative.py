@@ -110,9 +110,9 @@ class SpecEngine:
         roots = self._choose(torch.stack([p.last_logits for p in prefills])[:, None], params, gen)[:, 0]
         dstate = SeqState.from_prefills([self.draft.prefill(r) for r in requests]) if policy is not None else None
         self._sync()
-        t1 = time.perf_counter()
+        t_prefill = time.perf_counter() - t0
         cost, t_profile = self._round_cost(policy, tstate, dstate) if policy is not None else (None, 0.0)
-        t1 += t_profile
+        t1 = time.perf_counter()
         active = self._emit(outputs, list(range(len(requests))), roots[:, None], torch.ones_like(roots), params)
         rows = _rows(active, self.device)
         tstate.select(rows)
@@ -125,8 +125,7 @@ class SpecEngine:
             self._decode_spec(policy, tstate, dstate, roots, ids, outputs, params, gen, cost)
         self._sync()
         t2 = time.perf_counter()
-        self.last_prefill_s, self.last_decode_s = t1 - t0 - t_profile, t2 - t1
-        self.last_profile_s = t_profile
+        self.last_prefill_s, self.last_decode_s, self.last_profile_s = t_prefill, t2 - t1, t_profile
         return outputs
 
     def _round_cost(self, policy: TreePolicy, tstate: SeqState, dstate: SeqState) -> tuple[RoundCost | None, float]:

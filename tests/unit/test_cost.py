@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sage_plugin.config import ConfigError, SageConfig
-from sage_plugin.core.cost import RoundCost, best_count, expected_yield, top_count_mask
-from sage_plugin.core.expand import new_pool
+from sage_plugin.core.cost import RoundCost, best_count, expected_yield
+from sage_plugin.core.expand import budget_top_n, new_pool
 from sage_plugin.core.policies import build_policy
 
 NEG = float("-inf")
@@ -48,9 +48,10 @@ def test_expected_yield_and_best_count_match_naive(rows, draft_ms, base, slope):
 
 @settings(max_examples=150, deadline=None)
 @given(rows=logp_rows, q=st.integers(0, 10))
-def test_top_count_mask_matches_naive(rows, q):
+def test_the_cut_top_q_mask_matches_naive(rows, q):
+    """The cut's node choice (``budget_top_n`` over the nodes, one q for the batch) against a per-request sort."""
     node_logp = _rows(rows)
-    mask = top_count_mask(node_logp, torch.tensor(q))
+    mask = budget_top_n(node_logp > NEG, node_logp, torch.tensor(q).expand(node_logp.shape[0]))
     for b, r in enumerate(rows):
         order = sorted(range(len(r)), key=lambda i: (-r[i], i))[:q]  # stable: earlier index first on ties
         assert [i for i in range(node_logp.shape[1]) if mask[b, i]] == sorted(order)
