@@ -19,15 +19,16 @@ SAGE (arXiv 2602.00523, Eq. 10-12) with the recommended choices of SAGE_SPEC §2
     D(alpha) = D_min + alpha (D_max_cur - D_min)        deep when confident
     W(alpha) = W_min + (1 - alpha)(W_max - W_min)       wide when unsure
     W_l = W (l = 1),  round(W (0.5 + P_parent) / l) (l >= 2), clamped to [1, k]
-    theta_l = theta0 * l / D;  keep a candidate iff rank < W_l(parent) and P(path) > theta_l
+    theta_l = theta0 * l / D;  keep a candidate iff rank < W_l(parent) and P(node | parent) > theta_l
+    (``threshold_on="joint"``: P(path) > theta_l, the paper's formal rule; see :mod:`sage_plugin.config`)
     best-first by joint probability under N_max; expand kept nodes while l < D
 
 Example (k = 4, W = 2, D = 2, theta0 = 0.1 so theta_1 = 0.05, theta_2 = 0.1)::
 
     root  top-4: a .60, b .30, c .06, d .04     W_1 = 2            -> keep a, b
-    a     top-4: e .90, f .05, ...              W_2 = round(2 * 1.1 / 2) = 1 -> e (.54 > .1)
-    b     top-4: g .50, h .40                   W_2 = round(2 * 0.8 / 2) = 1 -> g (.15 > .1)
-    tree: root -> a -> e, root -> b -> g   (4 draft nodes)
+    a     top-4: e .90, f .05, ...              W_2 = round(2 * 1.1 / 2) = 1 -> e (.90 > .1; joint .54)
+    b     top-4: g .50, h .40                   W_2 = round(2 * 0.8 / 2) = 1 -> g (.50 > .1; joint .15)
+    tree: root -> a -> e, root -> b -> g   (4 draft nodes, the same under either threshold reading)
 """
 
 from __future__ import annotations

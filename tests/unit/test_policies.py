@@ -505,3 +505,48 @@ def test_policies_docstring_worked_example():
     got = tree_paths(tree.tokens[0].tolist(), tree.parents[0].tolist(), n)[1:]
     assert {tuple(names[x] for x in p) for p in got} == expected
     assert [names[x] for x in tree.tokens[0, 1:n].tolist()] == ["a", "b", "e", "g"]  # best-first, level order
+
+
+# ---------------------------------------------------------------------------------------------
+# Deep when confident: a perfect draft (the target's greedy token is always the draft's top-1)
+# ---------------------------------------------------------------------------------------------
+
+
+class PerfectWorld(World):
+    """Every draft distribution puts ``top1`` on one token (picked per path) and spreads the rest evenly; the target's
+    greedy token is always that top-1, so every node on the top-1 path is accepted."""
+
+    def __init__(self, seed: int, top1: float) -> None:
+        super().__init__(seed)
+        self.top1 = top1
+
+    def _draft_logprobs(self, ctx, path) -> torch.Tensor:
+        best = random.Random(f"{self.seed}|best|{ctx}|{path}").randrange(self.vocab)
+        p = torch.full((self.vocab,), (1.0 - self.top1) / (self.vocab - 1), dtype=torch.float64)
+        p[best] = self.top1
+        return p.log().float()
+
+    def _target_argmax(self, ctx, path) -> int:
+        return int(self.draft_logprobs(ctx, path).argmax())
+
+
+@pytest.mark.parametrize("top1", [0.5, 0.6, 0.7])
+def test_sage_default_goes_deep_with_a_perfect_draft(top1):
+    """SAGE's defaults build the top-1 path to the planned depth D every round, so a perfect draft's rounds accept D
+    tokens (deep when confident, Eq. 10).  The joint reading of theta_l (open point 4) stops that path where its
+    probability top1^l falls under theta0 * l / D, short of D: why the default compares theta_l with the node's own
+    probability (see sage_plugin.config)."""
+    world = PerfectWorld(3, top1)
+    default = SageConfig()  # the shipped defaults (no cost passed here: every built node is verified)
+    assert default.threshold_on == "conditional"
+    rounds = {}
+    for reading in ("conditional", "joint"):
+        cfg = default.replace(threshold_on=reading)
+        rounds[reading] = [rd for r, rds in run_fast(cfg, world, [0, 1], rounds=12).items() for rd in rds[1:]]
+    for rd in rounds["conditional"]:
+        assert rd.tau == rd.depth >= default.d_min, "the whole planned depth is built and accepted"
+    assert max(rd.depth for rd in rounds["conditional"]) > 5, "deeper than the static tree's 5 levels"
+    short = [rd for rd in rounds["joint"] if rd.tau < rd.depth]
+    assert short, "the joint reading cuts the perfect top-1 path short of D"
+    mean = {k: sum(rd.tau for rd in v) / len(v) for k, v in rounds.items()}
+    assert mean["conditional"] > mean["joint"]
