@@ -23,12 +23,12 @@ logger = logging.getLogger("sage_plugin")
 def _bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark SAGE against its baselines on bundled prompts")
     p.add_argument(
-        "--quick", action="store_true", help="small run: 6 text prompts x 64 tokens (about 7 min on 2 CPU cores)"
+        "--quick", action="store_true", help="small run: 6 text prompts x 64 tokens (2-3 min on 2 CPU cores)"
     )
     p.add_argument(
         "--methods",
         default=None,
-        help="comma list: ar,chain,static,eagle2,sage, ablations (see docs), NAME=POLICY:k=v;...",
+        help="comma list: ar,chain,static,eagle2,sage,sage-paper, named ablations (README), variants NAME=POLICY:k=v,k=v (default: ar,chain,static,eagle2,sage,sage-paper)",
     )
     p.add_argument(
         "--datasets",
@@ -83,7 +83,7 @@ def _base_config(args) -> SageConfig:
 def bench_main(args) -> int:
     import torch
 
-    from .bench.methods import DEFAULT_METHODS, parse_method
+    from .bench.methods import DEFAULT_METHODS, parse_methods
     from .bench.prompts import load_prompts, mixed_text_prompts, render_chat
     from .bench.report import markdown_table, summarize, write_plots
     from .bench.run import run_methods
@@ -100,7 +100,7 @@ def bench_main(args) -> int:
     )
 
     base = _base_config(args)
-    methods = [parse_method(m, base) for m in (args.methods.split(",") if args.methods else DEFAULT_METHODS)]
+    methods = parse_methods(args.methods or ",".join(DEFAULT_METHODS), base)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(

@@ -7,7 +7,11 @@ A method is ``ar`` (plain decoding) or a tree policy with optional config overri
     sage:threshold_on=conditional          an ablation (name defaults to the spec text)
     eagle2:eagle_total_tokens=32
 
-``NAME=POLICY:k=v,...`` names a variant; values are parsed as YAML scalars.
+``NAME=POLICY:k=v,...`` names a variant; values are parsed as YAML scalars.  In a ``--methods`` list
+(:func:`parse_methods`) a comma item that does not start a method (``ar``, a policy or a named ablation, optionally
+as ``NAME=...``) continues the previous method's options::
+
+    ar,static,joint=sage:threshold_on=joint,node_budget=fixed,sage   ->   ar | static | joint (2 options) | sage
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import yaml
 
 from ..config import POLICIES, ConfigError, SageConfig
 
-__all__ = ["MethodSpec", "parse_method", "DEFAULT_METHODS", "ABLATIONS"]
+__all__ = ["MethodSpec", "parse_method", "parse_methods", "DEFAULT_METHODS", "ABLATIONS"]
 
 #: ``sage`` sizes its trees to this device's measured verify cost (``node_budget="auto"``); ``sage-paper`` is SAGE
 #: with the paper's fixed budget (every node it builds is verified, up to ``n_max``), the setting the baselines use.
@@ -34,7 +38,7 @@ ABLATIONS: dict[str, str] = {
     "sage-path-alpha": "sage:alpha_source=path_mean",
     "sage-ceil": "sage:rounding=ceil",
     "sage-floor": "sage:rounding=floor",
-    "sage-theta-joint": "sage:threshold_on=joint",
+    "sage-theta-joint": "sage:threshold_on=joint",  # the paper's formal rule (open point 4, see config.py)
     "sage-no-top1": "sage:keep_top1=false",
     "sage-planned": "sage:topology=planned",
     "sage-dcap8": "sage:d_cap=8",
@@ -75,3 +79,26 @@ def parse_method(text: str, base: SageConfig) -> MethodSpec:
             raise ConfigError(f"method option {item!r} must be key=value")
         changes[key.strip()] = yaml.safe_load(value)
     return MethodSpec(name, base.replace(**changes))
+
+
+def _starts_method(item: str) -> bool:
+    head = item.split(":", 1)[0]
+    if "=" in head:  # NAME=POLICY...; a bare key=value continues the previous method's options
+        head = head.split("=", 1)[1]
+    return head.strip() in ("ar", *POLICIES, *ABLATIONS)
+
+
+def parse_methods(text: str, base: SageConfig) -> list[MethodSpec]:
+    """Parse a comma-separated ``--methods`` list (see module docstring); method names must be distinct."""
+    entries: list[str] = []
+    for item in text.split(","):
+        if entries and not _starts_method(item):
+            entries[-1] += "," + item
+        else:
+            entries.append(item)
+    specs = [parse_method(e, base) for e in entries]
+    names = [s.name for s in specs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"--methods names must be distinct; repeated: {', '.join(dup)} (name variants NAME=...)")
+    return specs
