@@ -28,7 +28,8 @@ def _bench_parser(sub) -> None:
     p.add_argument(
         "--methods",
         default=None,
-        help="comma list: ar,chain,static,eagle2,sage,sage-paper, named ablations (README), variants NAME=POLICY:k=v,k=v (default: ar,chain,static,eagle2,sage,sage-paper)",
+        help="comma list of ar, chain, static, eagle2, sage, sage-paper, named ablations (README) and variants "
+        "NAME=POLICY:k=v,k=v (default: ar,chain,static,eagle2,sage,sage-paper)",
     )
     p.add_argument(
         "--datasets",

@@ -4,7 +4,7 @@ A method is ``ar`` (plain decoding) or a tree policy with optional config overri
 
     sage                                   SAGE with the recommended defaults
     sage-literal=sage:threshold_on=joint,rounding=half_up,topology=online
-    sage:threshold_on=conditional          an ablation (name defaults to the spec text)
+    sage:threshold_on=joint                an ablation (name defaults to the spec text)
     eagle2:eagle_total_tokens=32
 
 ``NAME=POLICY:k=v,...`` names a variant; values are parsed as YAML scalars.  In a ``--methods`` list

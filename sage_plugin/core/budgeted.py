@@ -9,7 +9,8 @@ with the most probable other candidates (the nodes are verified at no extra cost
 
 1. level 1: keep the root's children with rank ``< W`` and probability ``> theta_1``;
 2. level ``l <= D``: keep children of kept nodes with rank ``< W_l = round(W (0.5 + p_parent) / l)`` and
-   probability ``> theta_l = theta0 * l / D`` (the node's own; its path's with ``threshold_on=joint``), at most ``n_max`` kept nodes in all (best-first or parent order);
+   probability ``> theta_l = theta0 * l / D`` (the node's own; its path's with ``threshold_on=joint``), at most
+   ``n_max`` kept nodes in all (best-first or parent order);
 3. selection = the kept nodes, then the others by joint probability (depth breaks ties), first ``n_select``.
 
 Both groups are ancestor-closed (a kept node's parent is kept; a child's joint probability never exceeds its
