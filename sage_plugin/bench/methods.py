@@ -45,6 +45,8 @@ ABLATIONS: dict[str, str] = {
     "sage-dcap12": "sage:d_cap=12",
     "sage-nmax32": "sage:n_max=32",
     "sage-nmax96": "sage:n_max=96",
+    # SAGE verifying at most as many nodes as the static tree (mc_sim_7b_63: 25): tau at an equal node budget
+    "sage-paper-nmax25": "sage:node_budget=fixed,n_max=25",
     "static-depth8-chain": "chain:chain_depth=8",
 }
 
