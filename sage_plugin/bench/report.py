@@ -44,6 +44,8 @@ def summarize(results: dict[str, MethodResult], config: dict) -> dict:
             "decode_s": round(r.decode_s, 3),
             "prefill_s": round(r.prefill_s, 3),
             "profile_s": round(r.profile_s, 3),
+            "policy_ms_per_round": round(1e3 * r.policy_s / r.batch_rounds, 4) if r.batch_rounds else 0.0,
+            "policy_share": round(r.policy_s / r.decode_s, 5) if r.decode_s > 0 else 0.0,
             "rounds": len(rounds),
             "alpha_hist": _hist([x.alpha for x in rounds], alpha_bins),
             "depth_hist": _hist([x.plan_depth for x in rounds]),
@@ -54,14 +56,18 @@ def summarize(results: dict[str, MethodResult], config: dict) -> dict:
 
 
 def markdown_table(summary: dict, greedy: bool) -> str:
-    head = "| method | tau (tok/target fwd) | accepted/round | tok/s | speed-up vs ar | exact match | mean nodes | draft fwd/round |"
-    rows = [head, "|" + "---|" * 8]
+    head = (
+        "| method | tau (tok/target fwd) | accepted/round | tok/s | speed-up vs ar | exact match | mean nodes "
+        "| draft fwd/round | policy ms/round (% of decode) |"
+    )
+    rows = [head, "|" + "---|" * 9]
     for name, m in summary["methods"].items():
         exact = "-" if not greedy or m["exact_match"] is None else f"{m['exact_match']:.2f}"
         speed = "-" if m["speedup"] is None else f"{m['speedup']:.2f}x"
         rows.append(
             f"| {name} | {m['tau']:.2f} | {m['accepted_per_round']:.2f} | {m['tokens_per_s']:.2f} | {speed} | "
-            f"{exact} | {m['mean_nodes']:.1f} | {m['draft_forwards_per_round']:.1f} |"
+            f"{exact} | {m['mean_nodes']:.1f} | {m['draft_forwards_per_round']:.1f} | "
+            f"{m['policy_ms_per_round']:.2f} ({100 * m['policy_share']:.1f}%) |"
         )
     return "\n".join(rows)
 

@@ -9,6 +9,8 @@ Protocol (EAGLE / Spec-Bench / SpecVLM, see SAGE_SPEC §7-8):
   over that of ``ar`` in the same run.
 * Decode time excludes prefill (SpecVLM protocol); the first generated token comes from prefill
   and is not counted as a decode token.
+* Tree-policy overhead (SAGE_SPEC §9): host time inside the policy's calls, per batched round and as a share of
+  decode time (the paper reports 0.39% for its tree update).
 * ``tau`` = decode tokens / target forwards (bonus included; ``ar`` scores exactly 1.00);
   ``accepted`` = mean accepted draft tokens per round (bonus excluded, SpecVLM's accept_length).
 """
@@ -40,6 +42,8 @@ class MethodResult:
     decode_s: float = 0.0
     prefill_s: float = 0.0
     profile_s: float = 0.0  # measuring the round cost (node_budget="auto"), outside prefill and decode
+    policy_s: float = 0.0  # host time inside the tree policy's calls (part of decode_s; SpecEngine.last_policy_s)
+    batch_rounds: int = 0  # batched rounds (target forwards of the whole batch)
     outputs: dict[str, list[int]] = field(default_factory=dict)
     rounds: list = field(default_factory=list)  # (request_id, RoundLog) in order
     exact: int = 0
@@ -90,6 +94,8 @@ def run_methods(
             res.decode_s += engine.last_decode_s
             res.prefill_s += engine.last_prefill_s
             res.profile_s += engine.last_profile_s
+            res.policy_s += engine.last_policy_s
+            res.batch_rounds += engine.last_rounds
             for out in outs:
                 res.outputs[out.request_id] = out.tokens
                 res.decode_tokens += max(0, len(out.tokens) - 1)

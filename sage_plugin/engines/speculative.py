@@ -13,6 +13,11 @@ One round per batch (SAGE Algorithm 1 with the online topology of SAGE_SPEC §2 
    accepted nodes that it already processed are committed too, the rest become pending.
    ``policy.observe`` updates alpha (lag-1) and the history controller.
 
+Overhead: the host time spent inside the policy's calls (plan, per-level step, keep_drafting, finalize, observe,
+i.e. deciding the tree shape, SAGE_SPEC §9 "tree-update time") is summed in ``last_policy_s`` with the number of
+batched rounds in ``last_rounds``.  On a CPU it is the policy's compute; on CUDA the launch time of its kernels, which
+run asynchronously (a per-call synchronisation would distort the timing it reports).
+
 A policy with ``wants_cost`` (SAGE, ``node_budget="auto"``) also gets the round cost measured on this device
 (:func:`~sage_plugin.engines.profile.measure_round_cost`, once per batch size, timed apart from prefill and decode
 in ``last_profile_s``): it stops drafting levels that would not be verified and cuts the tree to the cost-optimal
@@ -90,6 +95,8 @@ class SpecEngine:
         self.last_prefill_s = 0.0
         self.last_decode_s = 0.0
         self.last_profile_s = 0.0
+        self.last_policy_s = 0.0
+        self.last_rounds = 0
         #: measured round costs by ``(batch, max tree nodes, frontier capacity)``; set an entry to pin one
         self.round_costs: dict[tuple[int, int, int], RoundCost] = {}
 
@@ -118,14 +125,16 @@ class SpecEngine:
         tstate.select(rows)
         roots = roots[rows]
         ids = [i for i, a in enumerate(active) if a]
-        if policy is None:
-            self._decode_plain(tstate, roots, ids, outputs, params, gen)
+        clock = _PolicyClock(policy) if policy is not None else None
+        if clock is None:
+            self.last_rounds = self._decode_plain(tstate, roots, ids, outputs, params, gen)
         else:
             dstate.select(rows)
-            self._decode_spec(policy, tstate, dstate, roots, ids, outputs, params, gen, cost)
+            self.last_rounds = self._decode_spec(clock, tstate, dstate, roots, ids, outputs, params, gen, cost)
         self._sync()
         t2 = time.perf_counter()
         self.last_prefill_s, self.last_decode_s, self.last_profile_s = t_prefill, t2 - t1, t_profile
+        self.last_policy_s = clock.seconds if clock is not None else 0.0
         return outputs
 
     def _round_cost(self, policy: TreePolicy, tstate: SeqState, dstate: SeqState) -> tuple[RoundCost | None, float]:
@@ -183,8 +192,11 @@ class SpecEngine:
         return still
 
     # ------------------------------------------------------------------------------------------
-    def _decode_plain(self, tstate: SeqState, roots, ids, outputs, params, gen) -> None:
+    def _decode_plain(self, tstate: SeqState, roots, ids, outputs, params, gen) -> int:
+        """Decode one token per target forward; returns the number of batched forwards."""
+        steps = 0
         while ids:
+            steps += 1
             bsz = len(ids)
             one = torch.ones(bsz, 1, 1, dtype=torch.bool, device=self.device)
             qv = torch.ones(bsz, 1, dtype=torch.bool, device=self.device)
@@ -204,10 +216,13 @@ class SpecEngine:
                 tstate.select(rows)
                 roots, ids = roots[rows], [rid for rid, a in zip(ids, active) if a]
             tstate.compact()
+        return steps
 
     # ------------------------------------------------------------------------------------------
-    def _decode_spec(self, policy: TreePolicy, tstate, dstate, roots, ids, outputs, params, gen, cost=None) -> None:
+    def _decode_spec(self, policy: TreePolicy, tstate, dstate, roots, ids, outputs, params, gen, cost=None) -> int:
+        """Speculative rounds until every request stops; returns the number of batched rounds."""
         dev = self.device
+        rounds = 0
         n_nodes = policy.pool_capacity - 1
         bsz = len(ids)
         pstate = policy.init_state(bsz, dev)
@@ -215,6 +230,7 @@ class SpecEngine:
         pend_len = torch.ones(bsz, dtype=torch.int64, device=dev)
         temperature = torch.full((bsz,), float(params.temperature), device=dev)
         while ids:
+            rounds += 1
             bsz = len(ids)
             # 1. draft catch-up ---------------------------------------------------------------
             q = int(pend_len.max())
@@ -308,6 +324,7 @@ class SpecEngine:
                 ids = [rid for rid, a in zip(ids, active) if a]
             tstate.compact()
             dstate.compact()
+        return rounds
 
     @staticmethod
     def _ancestor_slots(pool, slot_of: torch.Tensor, fidx: torch.Tensor, level: int, num_slots: int) -> torch.Tensor:
@@ -336,6 +353,28 @@ class SpecEngine:
         for rid, (tau, nodes, dep, a, ra, pd, pw) in zip(ids, zip(*cols)):
             outputs[rid].rounds.append(RoundLog(tau, nodes, dep, a, ra, pd, pw, forwards))
             outputs[rid].target_forwards += 1
+
+
+class _PolicyClock:
+    """A tree policy whose method calls add their host wall time to ``seconds``; attributes pass through."""
+
+    def __init__(self, policy: TreePolicy) -> None:
+        self._policy = policy
+        self.seconds = 0.0
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._policy, name)
+        if not callable(attr):
+            return attr
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        return timed
 
 
 def _rows(active: list[bool], device) -> torch.Tensor:

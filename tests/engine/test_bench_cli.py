@@ -68,6 +68,11 @@ def test_bench_quick_shape(tmp_path, capsys):
             assert key in m, (name, key)
         assert m["exact_match"] == 1.0, name
     assert doc["methods"]["ar"]["tau"] == 1.0 and doc["methods"]["ar"]["speedup"] == 1.0
+    # tree-policy overhead: part of every speculative method's decode time, none for plain decoding
+    assert doc["methods"]["ar"]["policy_ms_per_round"] == 0.0 and doc["methods"]["ar"]["policy_share"] == 0.0
+    for name in DEFAULT_METHODS[1:]:
+        m = doc["methods"][name]
+        assert m["policy_ms_per_round"] > 0 and 0 < m["policy_share"] < 1, name
     assert doc["config"]["max_new_tokens"] == 6
     assert doc["config"]["draft"], "the draft in use must be stated"
     assert sorted(p.name for p in plots.iterdir()) == [

@@ -224,3 +224,17 @@ def test_restricted_draft_head_matches_full_head_on_its_ids_and_stays_lossless(e
         assert [o.tokens for o in got] == [o.tokens for o in ref]
         drafted = [r.nodes for o in got for r in o.rounds]
         assert sum(drafted) > 0
+
+
+def test_policy_overhead_and_round_count(engine):
+    """The policy's host time is measured without changing the output; rounds count batched target forwards."""
+    reqs = _requests(3)
+    sp = SamplingParams(max_new_tokens=24)
+    ref = engine.generate(reqs, sp, None)
+    assert engine.last_policy_s == 0.0
+    assert engine.last_rounds == max(o.target_forwards for o in ref)  # one batched forward per step
+    policy = build_policy(SageConfig(policy="sage", node_budget="fixed"))
+    got = engine.generate(reqs, sp, policy)
+    assert [o.tokens for o in got] == [o.tokens for o in ref]
+    assert engine.last_rounds == max(len(o.rounds) for o in got)
+    assert 0 < engine.last_policy_s < engine.last_decode_s
