@@ -95,7 +95,8 @@ def run_methods(
             res.prefill_s += engine.last_prefill_s
             res.profile_s += engine.last_profile_s
             res.policy_s += engine.last_policy_s
-            res.batch_rounds += engine.last_rounds
+            # requests of a batch leave it but never join: the batch ran as many rounds as its longest request
+            res.batch_rounds += max(out.target_forwards for out in outs)
             for out in outs:
                 res.outputs[out.request_id] = out.tokens
                 res.decode_tokens += max(0, len(out.tokens) - 1)

@@ -14,8 +14,7 @@ One round per batch (SAGE Algorithm 1 with the online topology of SAGE_SPEC §2 
    ``policy.observe`` updates alpha (lag-1) and the history controller.
 
 Overhead: the host time spent inside the policy's calls (plan, per-level step, keep_drafting, finalize, observe,
-i.e. deciding the tree shape, SAGE_SPEC §9 "tree-update time") is summed in ``last_policy_s`` with the number of
-batched rounds in ``last_rounds``.  On a CPU it is the policy's compute; on CUDA the launch time of its kernels, which
+i.e. deciding the tree shape, SAGE_SPEC §9 "tree-update time") is summed in ``last_policy_s``.  On a CPU it is the policy's compute; on CUDA the launch time of its kernels, which
 run asynchronously (a per-call synchronisation would distort the timing it reports).
 
 A policy with ``wants_cost`` (SAGE, ``node_budget="auto"``) also gets the round cost measured on this device
@@ -96,7 +95,6 @@ class SpecEngine:
         self.last_decode_s = 0.0
         self.last_profile_s = 0.0
         self.last_policy_s = 0.0
-        self.last_rounds = 0
         #: measured round costs by ``(batch, max tree nodes, frontier capacity)``; set an entry to pin one
         self.round_costs: dict[tuple[int, int, int], RoundCost] = {}
 
@@ -127,10 +125,10 @@ class SpecEngine:
         ids = [i for i, a in enumerate(active) if a]
         clock = _PolicyClock(policy) if policy is not None else None
         if clock is None:
-            self.last_rounds = self._decode_plain(tstate, roots, ids, outputs, params, gen)
+            self._decode_plain(tstate, roots, ids, outputs, params, gen)
         else:
             dstate.select(rows)
-            self.last_rounds = self._decode_spec(clock, tstate, dstate, roots, ids, outputs, params, gen, cost)
+            self._decode_spec(clock, tstate, dstate, roots, ids, outputs, params, gen, cost)
         self._sync()
         t2 = time.perf_counter()
         self.last_prefill_s, self.last_decode_s, self.last_profile_s = t_prefill, t2 - t1, t_profile
@@ -192,11 +190,8 @@ class SpecEngine:
         return still
 
     # ------------------------------------------------------------------------------------------
-    def _decode_plain(self, tstate: SeqState, roots, ids, outputs, params, gen) -> int:
-        """Decode one token per target forward; returns the number of batched forwards."""
-        steps = 0
+    def _decode_plain(self, tstate: SeqState, roots, ids, outputs, params, gen) -> None:
         while ids:
-            steps += 1
             bsz = len(ids)
             one = torch.ones(bsz, 1, 1, dtype=torch.bool, device=self.device)
             qv = torch.ones(bsz, 1, dtype=torch.bool, device=self.device)
@@ -216,13 +211,10 @@ class SpecEngine:
                 tstate.select(rows)
                 roots, ids = roots[rows], [rid for rid, a in zip(ids, active) if a]
             tstate.compact()
-        return steps
 
     # ------------------------------------------------------------------------------------------
-    def _decode_spec(self, policy: TreePolicy, tstate, dstate, roots, ids, outputs, params, gen, cost=None) -> int:
-        """Speculative rounds until every request stops; returns the number of batched rounds."""
+    def _decode_spec(self, policy: TreePolicy, tstate, dstate, roots, ids, outputs, params, gen, cost=None) -> None:
         dev = self.device
-        rounds = 0
         n_nodes = policy.pool_capacity - 1
         bsz = len(ids)
         pstate = policy.init_state(bsz, dev)
@@ -230,7 +222,6 @@ class SpecEngine:
         pend_len = torch.ones(bsz, dtype=torch.int64, device=dev)
         temperature = torch.full((bsz,), float(params.temperature), device=dev)
         while ids:
-            rounds += 1
             bsz = len(ids)
             # 1. draft catch-up ---------------------------------------------------------------
             q = int(pend_len.max())
@@ -324,7 +315,6 @@ class SpecEngine:
                 ids = [rid for rid, a in zip(ids, active) if a]
             tstate.compact()
             dstate.compact()
-        return rounds
 
     @staticmethod
     def _ancestor_slots(pool, slot_of: torch.Tensor, fidx: torch.Tensor, level: int, num_slots: int) -> torch.Tensor:

@@ -226,15 +226,15 @@ def test_restricted_draft_head_matches_full_head_on_its_ids_and_stays_lossless(e
         assert sum(drafted) > 0
 
 
-def test_policy_overhead_and_round_count(engine):
-    """The policy's host time is measured without changing the output; rounds count batched target forwards."""
+def test_policy_overhead_is_measured_without_changing_the_output(engine):
+    """The policy's host time is measured (part of decode time) and the output is the same as plain decoding's."""
     reqs = _requests(3)
     sp = SamplingParams(max_new_tokens=24)
     ref = engine.generate(reqs, sp, None)
     assert engine.last_policy_s == 0.0
-    assert engine.last_rounds == max(o.target_forwards for o in ref)  # one batched forward per step
     policy = build_policy(SageConfig(policy="sage", node_budget="fixed"))
     got = engine.generate(reqs, sp, policy)
     assert [o.tokens for o in got] == [o.tokens for o in ref]
-    assert engine.last_rounds == max(len(o.rounds) for o in got)
     assert 0 < engine.last_policy_s < engine.last_decode_s
+    # what the bench divides by: one target forward per request per round, so the batch ran max(...) rounds
+    assert all(o.target_forwards == len(o.rounds) for o in got)
