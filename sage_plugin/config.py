@@ -1,7 +1,7 @@
 """`SageConfig`: the one frozen, validated configuration object of the project.
 
 Every SAGE knob (paper defaults, arXiv 2602.00523) and every point the paper leaves open
-(SAGE_SPEC §2, numbered 1..11 below) is a field here with its recommended default.  Runtimes
+(``docs/algorithm.md``, numbered 1..11 below) is a field here with its recommended default.  Runtimes
 (the reference engine, the SGLang adapter) and the bench read this object; nothing else reads
 knobs, and no function reads environment variables.
 
@@ -12,7 +12,7 @@ A bad value raises :class:`ConfigError` naming the field and its allowed range::
     ...
     sage_plugin.config.ConfigError: d_min must be an integer in [1, 64], got 0
 
-Open points (SAGE_SPEC §2) and their switches:
+Open points (``docs/algorithm.md``) and their switches:
 
 ==  ===========================================  =====================  ==========================
 #   open point                                   field                  values (default first)
@@ -33,22 +33,20 @@ Open points (SAGE_SPEC §2) and their switches:
 11  rebuild buffers every round                  (always; not a knob: trees are rebuilt per round)
 ==  ===========================================  =====================  ==========================
 
-Point 4 is the one default that departs from SAGE_SPEC's recommendation (``joint``, the paper's formal inclusion
-rule), on measurement.  Under greedy verification the draft's top-1 is accepted far more often than its probability
-says, and the joint probability of a path falls geometrically with depth while theta_l = theta0 * l / D rises, so the
-joint reading never lets a tree go deep: with the target as its own (perfect) draft on the quick prompts, joint-theta
-SAGE accepts 5.18 tokens per target forward, below a plain 5-deep chain (5.73), while the conditional reading
-(the paper's prose, "each candidate whose probability exceeds theta_l") reaches 6.63.  With the bundled draft the
-conditional reading is the one whose tau is at least the static tree's (2.41 vs 2.38; joint 2.26).  ``joint`` stays
-a switch (bench ablation ``sage-theta-joint``).
+Point 4's default departs from the recommended reading (``joint``, the paper's formal inclusion rule): under
+greedy verification the joint reading keeps confident paths shorter than ``D`` even with a perfect draft (the
+measurement is in ``docs/algorithm.md``, "Open points").  ``joint`` stays a switch (bench ablation
+``sage-theta-joint``).
 
 Beyond the paper: ``node_budget`` (``auto``, ``fixed``).  ``fixed`` verifies every node SAGE builds (at most
 ``n_max``), as the paper does on its GPU.  ``auto`` (default) also cuts each round's tree to the node count that
-maximises expected tokens per second under the target's measured verify cost on this device
-(:mod:`sage_plugin.core.cost`; SAGE_SPEC §3: "N_max should shrink ... EAGLE picks total_token by profiling"), and
-stops drafting levels the cut would not use.  Where a verify forward costs the same for 1 or 64 tokens (a GPU at
-small batch) the two agree; on a CPU ``auto`` keeps 1-3 nodes.  Only SAGE uses it: the baselines keep their
-published shapes.  Runtimes without a measured cost (SGLang's fixed CUDA-graph verify width) ignore it.
+maximises expected tokens per second under the target's verify cost measured on this device
+(:mod:`sage_plugin.core.cost`), and stops drafting levels the cut would not use.  Where a verify forward costs the
+same for 1 or 64 tokens (a GPU at small batch) the two agree.  Only SAGE uses it: the baselines keep their
+published shapes.
+
+Not every runtime honours every field: :mod:`sage_plugin.support` holds each runtime's declared table, and a
+runtime refuses a value it does not honour at launch (``docs/runtime-support.md``).
 """
 
 from __future__ import annotations
@@ -61,38 +59,10 @@ from typing import Any, Mapping
 
 import yaml
 
-__all__ = ["ConfigError", "SageConfig", "MC_SIM_7B_63", "POLICIES"]
+from .core.policies import POLICIES
+from .core.tree import MC_SIM_7B_63
 
-#: SpecVLM's 25-node initial tree (rank paths), SAGE Appendix A.1 / SAGE_SPEC §1.9.
-MC_SIM_7B_63: tuple[tuple[int, ...], ...] = (
-    (0,),
-    (1,),
-    (2,),
-    (3,),
-    (0, 0),
-    (0, 1),
-    (0, 2),
-    (1, 0),
-    (1, 1),
-    (2, 0),
-    (2, 1),
-    (3, 0),
-    (0, 0, 0),
-    (0, 0, 1),
-    (0, 0, 2),
-    (0, 1, 0),
-    (0, 1, 1),
-    (0, 2, 0),
-    (0, 2, 1),
-    (1, 0, 0),
-    (0, 0, 0, 0),
-    (0, 0, 0, 1),
-    (0, 0, 0, 2),
-    (0, 0, 0, 0, 0),
-    (0, 0, 0, 0, 1),
-)
-
-POLICIES = ("sage", "eagle2", "static", "chain")
+__all__ = ["ConfigError", "SageConfig", "MC_SIM_7B_63", "from_mapping", "read_sage_yaml"]
 
 
 class ConfigError(ValueError):
@@ -160,7 +130,7 @@ class SageConfig:
     keep_top1: bool = True
     topology: str = "online"
     # -- baselines -----------------------------------------------------------------------------
-    eagle_depth: int = 7  # EAGLE-2 expansion levels (SAGE_SPEC §8: depth 7, top-k 10, 60 nodes)
+    eagle_depth: int = 7  # EAGLE-2 expansion levels (the baseline: depth 7, top-k 10, 60 nodes)
     eagle_total_tokens: int = 60  # EAGLE-2 final rerank budget (draft nodes)
     chain_depth: int = 5  # SD-Chain
     static_tree: tuple[tuple[int, ...], ...] = field(default=MC_SIM_7B_63)
@@ -169,7 +139,7 @@ class SageConfig:
     prune_ratio_video: float = 0.9
 
     def __post_init__(self) -> None:
-        _choice("policy", self.policy, POLICIES)
+        _choice("policy", self.policy, tuple(POLICIES))
         _int_in("k", self.k, 2, 64)
         _int_in("d_min", self.d_min, 1, 64)
         _int_in("d_max", self.d_max, self.d_min, 64, " (d_min <= d_max)")
@@ -202,37 +172,23 @@ class SageConfig:
         _int_in("eagle_total_tokens", self.eagle_total_tokens, 1, 1024)
         _int_in("chain_depth", self.chain_depth, 1, 64)
         # the static tree's ranks must fit k only where it is used (static, SAGE's first round)
-        uses_static = self.policy == "static" or (self.policy == "sage" and self.first_round_static)
+        uses_static = POLICIES[self.policy].uses_static_tree(self)
         _validate_tree_choices("static_tree", self.static_tree, self.k if uses_static else 64)
         _float_in("prune_ratio_image", self.prune_ratio_image, 0.0, 1.0)
         _float_in("prune_ratio_video", self.prune_ratio_video, 0.0, 1.0)
         if self.prune_ratio_image >= 1.0 or self.prune_ratio_video >= 1.0:
             raise ConfigError("prune_ratio_image and prune_ratio_video must be < 1 (keep at least one token)")
 
-    # -- derived sizes ------------------------------------------------------------------------
+    # -- derived sizes (the policy's own, :mod:`sage_plugin.core.policies`) ------------------
     @property
     def max_tree_depth(self) -> int:
         """Deepest draft level any round of the configured policy can reach."""
-        static_depth = max(len(p) for p in self.static_tree)
-        if self.policy == "sage":
-            deepest = self.d_cap if self.use_history else self.d_max
-            return max(deepest, static_depth if self.first_round_static else 0)
-        if self.policy == "eagle2":
-            return self.eagle_depth
-        if self.policy == "chain":
-            return self.chain_depth
-        return static_depth
+        return POLICIES[self.policy].max_depth_for(self)
 
     @property
     def max_tree_nodes(self) -> int:
         """Largest number of draft nodes (root excluded) in one request's tree."""
-        if self.policy == "sage":
-            return max(self.n_max, len(self.static_tree) if self.first_round_static else 0)
-        if self.policy == "eagle2":
-            return self.eagle_total_tokens
-        if self.policy == "chain":
-            return self.chain_depth
-        return len(self.static_tree)
+        return POLICIES[self.policy].max_nodes_for(self)
 
     # -- (de)serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -249,13 +205,35 @@ class SageConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path, section: str | None = "sage") -> "SageConfig":
-        """Load from a YAML file; with ``section`` set, read that top-level mapping."""
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        if section is not None and section in data:
-            data = data[section]
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping of SAGE options, got {type(data).__name__}")
-        return from_mapping(data)
+        """Load from a YAML file (:func:`read_sage_yaml`) and validate."""
+        return from_mapping(read_sage_yaml(path, section=section))
+
+
+def read_sage_yaml(path: str | Path, *, section: str | None = "sage", label: str | None = None) -> dict[str, Any]:
+    """The SageConfig fields of a YAML file, unvalidated: the one reader of SAGE YAML (reference and runtimes).
+
+    The fields sit under a top-level ``section`` mapping (``sage:``, as in ``engine_configs/``) or at top level.
+    Errors are one :class:`ConfigError` starting with ``label`` (default: the path): an unreadable file, invalid
+    YAML, something other than a mapping, or unknown keys.  Callers merge the mapping with other sources and
+    validate the result once (:func:`from_mapping`).
+    """
+    where = label or str(path)
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read the file ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML ({exc})") from None
+    data = {} if data is None else data
+    if section is not None and isinstance(data, dict) and section in data:
+        data = data[section]
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of SageConfig fields, got {type(data).__name__}")
+    known = {f.name for f in dataclasses.fields(SageConfig)}
+    unknown = sorted(str(k) for k in data if k not in known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown SAGE option(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    return dict(data)
 
 
 def from_mapping(values: Mapping[str, Any]) -> SageConfig:

@@ -3,18 +3,21 @@
 A serving runtime with CUDA graphs drafts a fixed *beam*: ``steps`` draft forwards of ``topk`` nodes each, every
 node proposing its ``topk`` most likely children, and verifies a fixed number ``n_select = N - 1`` of draft nodes
 per request.  The draft compute is then fixed; what SAGE decides is **which** candidates form the verified tree.
-:func:`select_shaped` applies the SAGE shape (Eq. 10-12 with the same config switches as
-:class:`~sage_plugin.core.policies.SagePolicy`) to the candidates level by level, then fills the remaining budget
-with the most probable other candidates (the nodes are verified at no extra cost: the shape is fixed):
+:func:`select_shaped` applies the SAGE shape (the rules of :mod:`sage_plugin.core.shape`, the same functions the
+online policy calls) to the candidates level by level, then fills the remaining budget with the most probable
+other candidates (the nodes are verified at no extra cost: the shape is fixed):
 
 1. level 1: keep the root's children with rank ``< W`` and probability ``> theta_1``;
 2. level ``l <= D``: keep children of kept nodes with rank ``< W_l = round(W (0.5 + p_parent) / l)`` and
    probability ``> theta_l = theta0 * l / D`` (the node's own; its path's with ``threshold_on=joint``), at most
    ``n_max`` kept nodes in all (best-first or parent order);
-3. selection = the kept nodes, then the others by joint probability (depth breaks ties), first ``n_select``.
+3. a request in its first round (``static_first``, with ``first_round_static``) keeps instead the candidates whose
+   rank path is in ``static_tree`` (the static tree's nodes the beam holds);
+4. selection = the kept nodes, then the others by joint probability (depth breaks ties), first ``n_select``.
 
 Both groups are ancestor-closed (a kept node's parent is kept; a child's joint probability never exceeds its
-parent's), so the selection is a tree.  Returned indices are ascending (parents first), as runtimes expect.
+parent's), so the selection is a tree.  Returned indices are ascending (parents first), as runtimes expect.  The
+naive oracle is :func:`sage_plugin.core.reference.select_in_beam_ref`.
 
 Candidate layout of EAGLE's beam (:func:`eagle_beam_candidates`), ``t = topk``, per request::
 
@@ -32,12 +35,15 @@ Worked example (t = 2, steps = 2; the beam at step 1 is both root children)::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import SageConfig
-from .expand import budget_top_n
-from .policies import round_mode
+from .shape import LevelProbs, budget_key, in_prob_space, level_keep
+from .tree import codes_of_choices, path_code
+
+if TYPE_CHECKING:
+    from ..config import SageConfig
 
 __all__ = ["BeamCandidates", "ShapedSelection", "eagle_beam_candidates", "select_shaped"]
 
@@ -52,6 +58,7 @@ class BeamCandidates:
         rank: ``[B, M]`` int64, rank among its siblings (0 = the parent's most likely child).
         depth: ``[M]`` int64, level (1 = child of the root), non-decreasing.
         levels: number of levels (``depth[-1]``, kept as a Python int: no device sync).
+        topk: the beam width ``t`` (children per beam node; host int).
     """
 
     joint: torch.Tensor
@@ -59,6 +66,7 @@ class BeamCandidates:
     rank: torch.Tensor
     depth: torch.Tensor
     levels: int
+    topk: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +100,16 @@ def eagle_beam_candidates(scores: torch.Tensor, parent_list: torch.Tensor, topk:
     parent = parent_list.index_select(1, idx // topk)
     rank = (idx % topk).expand_as(parent)
     depth = torch.where(idx < topk, 1, 2 + (idx - topk) // (topk * topk))
-    return BeamCandidates(scores, parent, rank, depth, 1 + (m - topk) // (topk * topk))
+    return BeamCandidates(scores, parent, rank, depth, 1 + (m - topk) // (topk * topk), topk)
 
 
 def select_shaped(
-    cands: BeamCandidates, depth: torch.Tensor, width: torch.Tensor, n_select: int, cfg: SageConfig
+    cands: BeamCandidates,
+    depth: torch.Tensor,
+    width: torch.Tensor,
+    n_select: int,
+    cfg: SageConfig,
+    static_first: torch.Tensor | None = None,
 ) -> ShapedSelection:
     """Choose ``n_select`` candidates per request: the SAGE shape first, then the most probable others.
 
@@ -106,53 +119,55 @@ def select_shaped(
         width: ``[B]`` int64 planned width ``W`` (Eq. 11).
         n_select: nodes to verify per request (``<= M``).
         cfg: ``parent_prob``, ``threshold_on``, ``prob_space``, ``rounding``, ``clamp_level_width``,
-            ``keep_top1``, ``budget_order``, ``theta0`` and ``n_max`` apply as in ``SagePolicy``.
+            ``keep_top1``, ``budget_order``, ``theta0`` and ``n_max`` apply as in the online SAGE policy;
+            ``static_tree`` for first-round requests.
+        static_first: ``[B]`` bool, the request's first round keeps the static tree's nodes (None: no request).
 
     Returns:
         :class:`ShapedSelection`.
     """
     joint, parent = cands.joint.float(), cands.parent
     bsz, m = joint.shape
-    dev = joint.device
     has_parent = parent >= 0
     pidx = parent.clamp(min=0)
     parent_joint = torch.where(has_parent, joint.gather(1, pidx), torch.ones_like(joint))
-    local = joint / parent_joint.clamp(min=1e-30)
-    if cfg.prob_space == "topk":  # renormalise over the siblings the beam holds
-        sib = torch.zeros(bsz, m + 1, device=dev).scatter_add_(1, parent + 1, local)
-        local = local / sib.gather(1, parent + 1).clamp(min=1e-30)
-    if cfg.budget_order == "best_first":
-        order = joint
-    else:
-        order = -torch.arange(m, device=dev, dtype=torch.float32).expand(bsz, m)
-    d = depth[:, None]
+    full = joint / parent_joint.clamp(min=1e-30)
+    # top-k space: renormalise over the siblings the beam holds
+    sib = torch.zeros(bsz, m + 1, device=joint.device).scatter_add_(1, parent + 1, full)
+    local = in_prob_space(cfg, full, full / sib.gather(1, parent + 1).clamp(min=1e-30))
+    key = budget_key(cfg, joint)
     par_local = torch.where(has_parent, local.gather(1, pidx), torch.ones_like(local))
+    static = _static_mask(cands, cfg) if static_first is not None else None
 
-    kept = torch.zeros(bsz, m, dtype=torch.bool, device=dev)
+    kept = torch.zeros(bsz, m, dtype=torch.bool, device=joint.device)
     joint_s = torch.ones_like(local)  # joint probability in the configured space, filled level by level
     for lvl in range(1, cands.levels + 1):
         at = (cands.depth == lvl)[None].expand(bsz, m)
         par_js = torch.where(has_parent, joint_s.gather(1, pidx), torch.ones_like(local))
         joint_s = torch.where(at, par_js * local, joint_s)
-        if lvl == 1:
-            w_l = width[:, None].expand(bsz, m)
-            parent_ok = torch.ones_like(kept)
-        else:
-            p_par = par_js if cfg.parent_prob == "joint" else par_local
-            w_l = round_mode(width[:, None] * (0.5 + p_par) / lvl, cfg.rounding)
-            if cfg.clamp_level_width:
-                w_l = w_l.clamp(min=1)
-            parent_ok = has_parent & kept.gather(1, pidx)
-        score = joint_s if cfg.threshold_on == "joint" else local
-        theta = cfg.theta0 * lvl / d.float()
-        ok = at & parent_ok & (cands.rank < w_l) & (score > theta) & (lvl <= d)
-        if cfg.keep_top1 and lvl == 1:
-            ok |= at & (cands.rank == 0)
-        budget = cfg.n_max - kept.sum(1)
-        kept |= budget_top_n(ok, order, budget)
+        parent_ok = torch.ones_like(kept) if lvl == 1 else has_parent & kept.gather(1, pidx)
+        probs = LevelProbs(local, joint_s, par_local, par_js)
+        kept |= level_keep(cfg, lvl, at & parent_ok, cands.rank, probs, key, depth, width, kept.sum(1))
+    if static is not None:
+        kept = torch.where(static_first[:, None], static, kept)
 
     # selection order: kept first, then joint probability (desc), then index (= depth order) so parents come first
-    key = torch.sort(joint, dim=1, descending=True, stable=True).indices
-    key = key.gather(1, torch.sort(kept.gather(1, key).to(torch.int8), dim=1, descending=True, stable=True).indices)
-    index = torch.sort(key[:, :n_select], dim=1).values
+    order = torch.sort(joint, dim=1, descending=True, stable=True).indices
+    order = order.gather(
+        1, torch.sort(kept.gather(1, order).to(torch.int8), dim=1, descending=True, stable=True).indices
+    )
+    index = torch.sort(order[:, :n_select], dim=1).values
     return ShapedSelection(index, kept.sum(1).clamp(max=n_select))
+
+
+def _static_mask(cands: BeamCandidates, cfg: SageConfig) -> torch.Tensor:
+    """``[B, M]`` bool: candidates whose rank path is in ``cfg.static_tree`` (ancestor-closed: a candidate's parent
+    is a beam node, itself a candidate, and the static tree is closed under prefixes)."""
+    base = max(cfg.k, cands.topk)  # a code base above every rank keeps codes unique
+    codes = torch.zeros_like(cands.rank)
+    has_parent = cands.parent >= 0
+    for lvl in range(1, cands.levels + 1):  # parents are one level up: their codes are final
+        par = torch.where(has_parent, codes.gather(1, cands.parent.clamp(min=0)), 0)
+        codes = torch.where((cands.depth == lvl)[None], path_code(par, cands.rank, base), codes)
+    static = torch.tensor(codes_of_choices(cfg.static_tree, base), dtype=torch.int64, device=codes.device)
+    return torch.isin(codes, static)

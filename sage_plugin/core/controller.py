@@ -2,7 +2,7 @@
 
 Per request, keep a sliding window of the last ``window`` acceptance lengths.  Once the window is
 full and at least ``window`` rounds have passed since the last change (full-window cool-down,
-SAGE_SPEC §2 point 9), move ``D_max`` by ``-step`` when the mean is below ``lo`` and by ``+step``
+open point 9, ``docs/algorithm.md``), move ``D_max`` by ``-step`` when the mean is below ``lo`` and by ``+step``
 when it is above ``hi``, clamped to ``[D_min, D_cap]``.
 
 Everything is batched ``[B]`` tensor state updated with ``torch.where``: no host sync.
@@ -18,10 +18,14 @@ Worked trace (window 2, lo 2, hi 3, step 1, D_max 8, cap 10, full-window cool-do
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-__all__ = ["HistoryState", "history_init", "history_update"]
+if TYPE_CHECKING:
+    from ..config import SageConfig
+
+__all__ = ["HistoryState", "history_init", "history_update", "observe_history"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,3 +108,25 @@ def history_update(
     d_max = torch.where(up, (state.d_max + step).clamp(max=d_cap), d_max)
     since = torch.where(down | up, torch.zeros_like(since), since)
     return HistoryState(window, seen, since, d_max)
+
+
+def observe_history(cfg: SageConfig, state: HistoryState, num_accepted: torch.Tensor) -> HistoryState:
+    """One round of the configured controller: ``num_accepted [B]`` accepted draft tokens (bonus excluded) per request.
+
+    Applies ``use_history`` (off: ``state`` unchanged), the tau units of open point 10 (``history_tau``: ``drafts``,
+    or ``drafts_plus_bonus``) and ``history_lo/hi/step``, ``d_min``, ``d_cap``, ``history_cooldown``.  Every runtime
+    feeds its controller through this function.
+    """
+    if not cfg.use_history:
+        return state
+    tau = num_accepted.float() + (1.0 if cfg.history_tau == "drafts_plus_bonus" else 0.0)
+    return history_update(
+        state,
+        tau,
+        lo=cfg.history_lo,
+        hi=cfg.history_hi,
+        step=cfg.history_step,
+        d_min=cfg.d_min,
+        d_cap=cfg.d_cap,
+        full_window_cooldown=cfg.history_cooldown == "full_window",
+    )

@@ -3,16 +3,16 @@
 One round costs ``draft_ms * forwards + verify_ms[q]`` when ``q`` draft nodes (plus the root) are verified, and
 yields ``1 + sum of the acceptance probabilities of the verified nodes`` tokens (the bonus token always counts).
 With a calibrated draft the probability that greedy verification accepts a node is about its path probability
-``p = exp(joint log-probability)`` (EAGLE-2's observation; SAGE_SPEC §4), so the expected yield of the ``q`` most
+``p = exp(joint log-probability)`` (EAGLE-2's observation), so the expected yield of the ``q`` most
 probable nodes is ``1 + sum of their p``.  Joint probability never increases along a path, so "the ``q`` most
 probable nodes" (:func:`~sage_plugin.core.expand.budget_top_n`, ties to the earlier, parent-first index) is an
 ancestor-closed tree.
 
 ``verify_ms`` is the target's forward time as a function of the verified token count, measured once on the device
-(:class:`RoundCost`).  On a GPU it is flat up to hundreds of tokens and the cut keeps the whole tree (SAGE's own
-``N_max`` stays the bound); on a CPU every verified token costs (SmolLM2-135M, 2 cores, fp32: 35 ms for 1 token,
-53 ms for 4, 67 ms for 9), and the best tree is small.  SAGE_SPEC §3: "N_max should shrink with batch size.
-EAGLE picks ``total_token`` by profiling; Sequoia chooses tree size and depth from measured timings."
+(:class:`RoundCost`).  On a GPU at small batch it is nearly flat and the cut keeps the whole tree (SAGE's own
+``N_max`` stays the bound); on a CPU every verified token costs, and the best tree is small.  EAGLE picks its
+``total_token`` by profiling and Sequoia its tree size and depth from measured timings in the same spirit; the
+cost model is in ``docs/algorithm.md`` ("sizing trees to the device").
 
 Batched: the reference engine pads the batch's trees to the largest, so one count ``q`` is chosen per batch::
 
@@ -34,7 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["RoundCost", "expected_yield", "best_count"]
+from .expand import NEG_INF, DraftPool, budget_top_n
+
+__all__ = ["RoundCost", "best_count", "cost_cut", "expected_yield"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,3 +100,12 @@ def best_count(node_logp: torch.Tensor, round_ms: torch.Tensor) -> torch.Tensor:
     """
     rate = expected_yield(node_logp) / round_ms[: node_logp.shape[1] + 1]
     return torch.argmax(rate)  # first maximum: the smaller tree on ties
+
+
+def cost_cut(pool: DraftPool, round_ms: torch.Tensor) -> torch.Tensor:
+    """``[B, P-1]`` bool over the pool's draft nodes (root and trash column dropped): the cost-optimal cut, i.e.
+    each request's ``q*`` most probable nodes (:func:`best_count`; one ``q*`` for the batch)."""
+    filled = torch.arange(1, pool.capacity, device=pool.count.device) < pool.count[:, None]
+    node_logp = torch.where(filled, pool.joint[:, 1:-1], NEG_INF)
+    q = best_count(node_logp, round_ms)
+    return budget_top_n(filled, node_logp, q.expand(pool.count.shape[0]))

@@ -41,6 +41,7 @@ from typing import Sequence
 import torch
 
 __all__ = [
+    "MC_SIM_7B_63",
     "DraftTree",
     "ancestor_mask",
     "tree_positions",
@@ -51,6 +52,16 @@ __all__ = [
     "flatten_tree",
     "path_code",
 ]
+
+#: SpecVLM's 25-node tree (rank paths: ``(0, 1)`` is the second child of the root's first child): the static
+#: baseline's tree and SAGE's first-round tree (SAGE Appendix A.1).  Levels hold 4 / 8 / 8 / 3 / 2 nodes.
+MC_SIM_7B_63: tuple[tuple[int, ...], ...] = (
+    (0,), (1,), (2,), (3,),
+    (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
+    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (1, 0, 0),
+    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2),
+    (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,7 @@
-"""SAGE selection inside a fixed beam (:mod:`sage_plugin.core.budgeted`) against a naive per-request reference."""
+"""SAGE selection inside a fixed beam (:mod:`sage_plugin.core.budgeted`) against the shared naive oracle
+(:func:`sage_plugin.core.reference.select_in_beam_ref`, built on the same SAGE rule oracle as the tree builder)."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 from hypothesis import given, settings
@@ -10,10 +9,15 @@ from hypothesis import strategies as st
 
 from sage_plugin.config import SageConfig
 from sage_plugin.core.budgeted import eagle_beam_candidates, select_shaped
+from sage_plugin.core.reference import select_in_beam_ref
 
 SWITCHES = dict(
-    parent_prob=("conditional", "joint"), threshold_on=("conditional", "joint"), prob_space=("full", "topk"),
-    rounding=("half_up", "ceil", "floor"), clamp_level_width=(True, False), keep_top1=(True, False),
+    parent_prob=("conditional", "joint"),
+    threshold_on=("conditional", "joint"),
+    prob_space=("full", "topk"),
+    rounding=("half_up", "ceil", "floor"),
+    clamp_level_width=(True, False),
+    keep_top1=(True, False),
     budget_order=("best_first", "parent_order"),
 )
 
@@ -22,6 +26,7 @@ def _random_beam(draw, bsz: int, topk: int, steps: int):
     """EAGLE-layout scores and parent_list with dyadic probabilities (exact products, no float ties to argue)."""
     scores, parents = [], []
     for _ in range(bsz):
+
         def children():
             w = sorted(draw(st.lists(st.integers(1, 32), min_size=topk, max_size=topk)), reverse=True)
             tot = max(sum(w), 32)
@@ -42,69 +47,40 @@ def _random_beam(draw, bsz: int, topk: int, steps: int):
     return torch.tensor(scores, dtype=torch.float32), torch.tensor(parents, dtype=torch.int64)
 
 
-def _round(x: float, mode: str) -> int:
-    if mode == "half_up":
-        return math.floor(x + 0.5)
-    if mode == "ceil":
-        return math.ceil(x - 1e-6)
-    return math.floor(x + 1e-6)
-
-
-def _reference(joint, parent, rank, depth, d_plan, w_plan, n_select, cfg):
-    """One request, Python lists: the SAGE level rules, then fill by joint probability."""
-    m = len(joint)
-    local = [joint[c] / (joint[parent[c]] if parent[c] >= 0 else 1.0) for c in range(m)]
-    if cfg.prob_space == "topk":
-        sums = {}
-        for c in range(m):
-            sums[parent[c]] = sums.get(parent[c], 0.0) + local[c]
-        local = [local[c] / sums[parent[c]] for c in range(m)]
-    js = [0.0] * m
-    kept: list[int] = []
-    for lvl in range(1, max(depth) + 1):
-        ok = []
-        for c in range(m):
-            if depth[c] != lvl:
-                continue
-            p = parent[c]
-            js[c] = (js[p] if p >= 0 else 1.0) * local[c]
-            if lvl == 1:
-                w_l, parent_ok = w_plan, True
-            else:
-                pp = js[p] if cfg.parent_prob == "joint" else local[p]
-                w_l = _round(w_plan * (0.5 + pp) / lvl, cfg.rounding)
-                if cfg.clamp_level_width:
-                    w_l = max(w_l, 1)
-                parent_ok = p in kept
-            score = js[c] if cfg.threshold_on == "joint" else local[c]
-            good = parent_ok and rank[c] < w_l and score > cfg.theta0 * lvl / d_plan and lvl <= d_plan
-            if cfg.keep_top1 and lvl == 1 and rank[c] == 0:
-                good = True
-            if good:
-                ok.append(c)
-        if cfg.budget_order == "best_first":
-            ok.sort(key=lambda c: (-joint[c], c))
-        kept += ok[: max(cfg.n_max - len(kept), 0)]
-    order = sorted(range(m), key=lambda c: (c not in kept, -joint[c], c))
-    return sorted(order[:n_select]), min(len(kept), n_select)
-
-
 @settings(max_examples=150, deadline=None)
 @given(data=st.data(), bsz=st.integers(1, 3), topk=st.integers(1, 4), steps=st.integers(1, 4))
 def test_select_shaped_matches_reference_and_is_a_tree(data, bsz, topk, steps):
     scores, plist = _random_beam(data.draw, bsz, topk, steps)
     m = scores.shape[1]
-    cfg = SageConfig(**{k: data.draw(st.sampled_from(v)) for k, v in SWITCHES.items()},
-                     n_max=data.draw(st.integers(1, 12)), theta0=data.draw(st.sampled_from([0.0, 0.1, 0.3])))
+    cfg = SageConfig(
+        **{k: data.draw(st.sampled_from(v)) for k, v in SWITCHES.items()},
+        n_max=data.draw(st.integers(1, 12)),
+        theta0=data.draw(st.sampled_from([0.0, 0.1, 0.3])),
+    )
     d_plan = torch.tensor(data.draw(st.lists(st.integers(1, 6), min_size=bsz, max_size=bsz)))
     w_plan = torch.tensor(data.draw(st.lists(st.integers(1, 4), min_size=bsz, max_size=bsz)))
     n_select = data.draw(st.integers(1, m))
+    static_first = None
+    if data.draw(st.booleans()):  # some requests in their first round keep the static tree's nodes
+        cfg = cfg.replace(
+            static_tree=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]], k=4, w_min=1, w_max=4
+        )
+        static_first = torch.tensor(data.draw(st.lists(st.booleans(), min_size=bsz, max_size=bsz)))
     cands = eagle_beam_candidates(scores, plist, topk)
-    got = select_shaped(cands, d_plan, w_plan, n_select, cfg)
+    got = select_shaped(cands, d_plan, w_plan, n_select, cfg, static_first)
     assert got.index.shape == (bsz, n_select)
     for b in range(bsz):
-        ref_idx, ref_shaped = _reference(scores[b].tolist(), cands.parent[b].tolist(), cands.rank[b].tolist(),
-                                         cands.depth.tolist(), int(d_plan[b]), int(w_plan[b]), n_select, cfg)
+        ref_idx, ref_shaped = select_in_beam_ref(
+            cfg,
+            scores[b].tolist(),
+            cands.parent[b].tolist(),
+            cands.rank[b].tolist(),
+            cands.depth.tolist(),
+            int(d_plan[b]),
+            int(w_plan[b]),
+            n_select,
+            static_first is not None and bool(static_first[b]),
+        )
         assert got.index[b].tolist() == ref_idx
         assert int(got.shaped[b]) == ref_shaped
         chosen = set(ref_idx)
@@ -137,3 +113,16 @@ def test_confident_request_goes_deep_unsure_request_goes_wide():
     sel = select_shaped(cands, torch.tensor([3, 1]), torch.tensor([1, 3]), 3, cfg)
     assert sel.index[0].tolist() == [0, 3, 12]  # a, a->a, a->a->a
     assert sel.index[1].tolist() == [0, 1, 2]  # a, b, c
+
+
+def test_first_round_keeps_the_static_tree_the_beam_holds():
+    """A first-round request keeps exactly the static rank paths present in the beam, whatever its plan."""
+    topk = 2
+    scores = torch.tensor([[0.6, 0.3, 0.54, 0.03, 0.15, 0.12]])
+    plist = torch.tensor([[-1, 0, 1]])
+    cands = eagle_beam_candidates(scores, plist, topk)
+    cfg = SageConfig(static_tree=((0,), (1,), (0, 1), (1, 1)), k=2, w_min=1, w_max=2)
+    sel = select_shaped(cands, torch.tensor([1]), torch.tensor([1]), 4, cfg, torch.tensor([True]))
+    assert sel.index.tolist() == [[0, 1, 3, 5]] and sel.shaped.tolist() == [4]  # a, b, a->rank 1, b->rank 1
+    plain = select_shaped(cands, torch.tensor([1]), torch.tensor([1]), 4, cfg, torch.tensor([False]))
+    assert plain.index.tolist() == [[0, 1, 2, 4]]  # the plan (D = 1, W = 1) keeps a; fill by path probability

@@ -7,36 +7,45 @@ acceptance never leave the device:
 
 * :meth:`SlotState.reset` when a request is prefilled (its slot may have served another request);
 * :meth:`SlotState.plan` before drafting: alpha (Eq. 9) from the root's top-k draft probabilities (``fresh``) or
-  the slot's previous root (``lag1``, the paper's), then D and W (Eq. 10-11) with the slot's history ``D_max``;
+  the slot's previous root (``lag1``, the paper's), then D and W (Eq. 10-11) with the slot's history ``D_max``,
+  and whether the slot is in its first round (``first_round_static``);
 * :meth:`SlotState.observe` after verification: the acceptance lengths feed the history controller.
+
+The rules are :mod:`sage_plugin.core.shape` and :func:`~sage_plugin.core.controller.observe_history`, as in the
+online policy.
 
 Worked example (one slot, d_min 3, d_max 8, w_min 2, w_max 10, k = topk = 4, alpha_source fresh)::
 
     root top-4 probs [0.97, 0.01, 0.01, 0.01]  -> alpha 0.88 -> D = round(3 + 0.88 * 5) = 7, W = round(2 + 0.12 * 8) = 3
-    root top-4 probs [0.25, 0.25, 0.25, 0.25]  -> alpha 0.00 -> D = 3, W = 10 (capped at k = 4 by the policy)
+    root top-4 probs [0.25, 0.25, 0.25, 0.25]  -> alpha 0.00 -> D = 3, W = 10, capped at topk = 4
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import SageConfig
-from .controller import HistoryState, history_init, history_update
+from .controller import HistoryState, history_init, observe_history
 from .entropy import topk_confidence
-from .policies import SagePolicy
+from .shape import choose_alpha, plan_shape
+
+if TYPE_CHECKING:
+    from ..config import SageConfig
 
 __all__ = ["RoundShape", "SlotState"]
 
 
 @dataclass(frozen=True, slots=True)
 class RoundShape:
-    """One round's plan for a batch: ``alpha``, ``depth`` and ``width``, each ``[B]``."""
+    """One round's plan for a batch, each ``[B]``: ``alpha``, ``depth``, ``width`` and ``first_round`` (bool: the
+    slot has not finished a round since its reset; with ``first_round_static`` it drafts the static tree)."""
 
     alpha: torch.Tensor
     depth: torch.Tensor
     width: torch.Tensor
+    first_round: torch.Tensor
 
 
 class SlotState:
@@ -50,45 +59,35 @@ class SlotState:
     """
 
     def __init__(self, cfg: SageConfig, num_slots: int, device: torch.device | str = "cpu") -> None:
-        if cfg.alpha_source == "path_mean":
-            raise ValueError("alpha_source path_mean needs the accepted path's draft distributions; "
-                             "serving runtimes support lag1 and fresh")
+        if cfg.alpha_source == "path_mean":  # the runtime's launch check refuses it first (sage_plugin.support)
+            raise ValueError("alpha_source path_mean needs the accepted path's draft distributions")
         self.cfg = cfg
-        self.policy = SagePolicy(cfg)
         self.history = history_init(num_slots, cfg.history_window, cfg.d_max, device)
         self.alpha = torch.full((num_slots,), float(cfg.alpha_init), device=device)
+        self.first_round = torch.ones(num_slots, dtype=torch.bool, device=device)
 
     def reset(self, slots: torch.Tensor) -> None:
         """Fresh state for the requests now in ``slots [B]`` (after their prefill)."""
         fresh = history_init(slots.shape[0], self.cfg.history_window, self.cfg.d_max, slots.device)
         self._scatter(slots, fresh)
         self.alpha.index_fill_(0, slots, float(self.cfg.alpha_init))
+        self.first_round.index_fill_(0, slots, True)
 
     def plan(self, slots: torch.Tensor, root_probs: torch.Tensor) -> RoundShape:
         """Alpha, D and W for the requests in ``slots [B]`` given their root's top probabilities ``[B, t]``."""
-        cfg = self.cfg
-        k = min(self.policy.k, root_probs.shape[1])
+        k = min(self.cfg.k, root_probs.shape[1])
         fresh = topk_confidence(root_probs.float().clamp(min=1e-30).log(), k)
-        if not cfg.use_entropy:
-            alpha = torch.full_like(fresh, cfg.alpha_init)
-        elif cfg.alpha_source == "fresh":
-            alpha = fresh
-        else:  # lag1: the previous round's root
-            alpha = self.alpha.index_select(0, slots)
+        alpha = choose_alpha(self.cfg, self.alpha.index_select(0, slots), fresh)
         self.alpha.index_copy_(0, slots, fresh)
-        depth, width = self.policy.shape(alpha, self.history.index(slots))
-        return RoundShape(alpha, depth, width.clamp(max=root_probs.shape[1]))
+        depth, width = plan_shape(self.cfg, alpha, self.history.d_max.index_select(0, slots))
+        first = self.first_round.index_select(0, slots) & self.cfg.first_round_static
+        return RoundShape(alpha, depth, width.clamp(max=root_probs.shape[1]), first)
 
     def observe(self, slots: torch.Tensor, accept_lens: torch.Tensor) -> None:
         """Feed one round's acceptance per request (``accept_lens [B]``: accepted drafts + the bonus)."""
-        cfg = self.cfg
-        if not cfg.use_history:
-            return
-        tau = accept_lens.float() if cfg.history_tau == "drafts_plus_bonus" else accept_lens.float() - 1.0
-        new = history_update(self.history.index(slots), tau, lo=cfg.history_lo, hi=cfg.history_hi,
-                             step=cfg.history_step, d_min=cfg.d_min, d_cap=cfg.d_cap,
-                             full_window_cooldown=cfg.history_cooldown == "full_window")
+        new = observe_history(self.cfg, self.history.index(slots), accept_lens - 1)
         self._scatter(slots, new)
+        self.first_round.index_fill_(0, slots, False)
 
     def _scatter(self, slots: torch.Tensor, rows: HistoryState) -> None:
         for name in HistoryState.__slots__:

@@ -1,0 +1,127 @@
+"""The baseline tree policies SAGE is compared with: SD-Chain, SD-Tree (static) and the EAGLE-2 dynamic tree.
+
+All three keep their published fixed shapes (no adaptive state, no cost-aware cut):
+
+* ``chain``: the draft's top-1 token at each of ``chain_depth`` levels;
+* ``static``: a fixed rank-path tree (``static_tree``, SpecVLM's 25-node ``mc_sim_7b_63`` by default: rank path
+  ``(0, 1)`` is the second most likely child of the root's most likely child);
+* ``eagle2``: EAGLE-2's expansion (the k best nodes of each level by path probability are expanded) and rerank
+  (the ``eagle_total_tokens`` best pool nodes by path probability are verified).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .expand import NEG_INF, Candidates, DraftPool, Frontier, append, budget_top_n, finalize, propose
+from .policy import FixedShapePolicy, RoundPlan
+from .tree import DraftTree, codes_of_choices, tree_from_choices
+
+if TYPE_CHECKING:
+    from ..config import SageConfig
+
+__all__ = ["ChainPolicy", "Eagle2Policy", "StaticPolicy"]
+
+
+class ChainPolicy(FixedShapePolicy):
+    """SD-Chain: the draft's top-1 token at every level, ``chain_depth`` levels."""
+
+    name = "chain"
+
+    @classmethod
+    def max_depth_for(cls, cfg: SageConfig) -> int:
+        return cfg.chain_depth
+
+    @classmethod
+    def max_nodes_for(cls, cfg: SageConfig) -> int:
+        return cfg.chain_depth
+
+    def __init__(self, cfg: SageConfig) -> None:
+        super().__init__(cfg)
+        self.pool_capacity = self.tree_capacity
+        self.frontier_capacity = 1
+
+    def step(self, plan, pool, frontier, logprobs, level) -> Frontier:
+        c = propose(pool, frontier, logprobs, self.k, level)
+        keep = c.valid & (c.ranks == 0)
+        return append(pool, c, keep, keep & (level < self.max_depth), c.joint, self.frontier_capacity)
+
+
+class StaticPolicy(FixedShapePolicy):
+    """SD-Tree: a fixed rank-path tree (default SpecVLM ``mc_sim_7b_63``), drafted with top-k."""
+
+    name = "static"
+
+    @classmethod
+    def max_depth_for(cls, cfg: SageConfig) -> int:
+        return max(len(p) for p in cfg.static_tree)
+
+    @classmethod
+    def max_nodes_for(cls, cfg: SageConfig) -> int:
+        return len(cfg.static_tree)
+
+    @classmethod
+    def uses_static_tree(cls, cfg: SageConfig) -> bool:
+        return True
+
+    def __init__(self, cfg: SageConfig) -> None:
+        super().__init__(cfg)
+        self.choices = cfg.static_tree
+        codes = codes_of_choices(self.choices, self.k)
+        internal = codes_of_choices({p[:-1] for p in self.choices if len(p) > 1}, self.k)
+        self._codes = torch.tensor(sorted(codes), dtype=torch.int64)
+        self._internal = torch.tensor(sorted(internal) or [-2], dtype=torch.int64)
+        self.pool_capacity = self.tree_capacity
+        _, depths, _ = tree_from_choices(self.choices)
+        self.frontier_capacity = max(depths.count(d) for d in range(1, self.max_depth + 1))
+
+    def select(self, c: Candidates) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(keep, expand)`` ``[B, F, K]``: candidates whose rank path is in the tree / a proper prefix of one."""
+        codes = self._codes.to(c.codes.device)
+        keep = c.valid & torch.isin(c.codes, codes)
+        return keep, keep & torch.isin(c.codes, self._internal.to(c.codes.device))
+
+    def step(self, plan, pool, frontier, logprobs, level) -> Frontier:
+        c = propose(pool, frontier, logprobs, self.k, level)
+        keep, expand = self.select(c)
+        return append(pool, c, keep, expand, c.joint, self.frontier_capacity)
+
+
+class Eagle2Policy(FixedShapePolicy):
+    """EAGLE-2 dynamic tree: expand the top-k by joint probability per level, then rerank.
+
+    Level 1 keeps the root's top-k; each later level proposes k children for each of the k frontier nodes (k^2
+    candidates, all pooled) and expands the k best by joint probability.  Finalisation keeps the
+    ``eagle_total_tokens`` best pool nodes by joint probability, which is ancestor-closed because joint probability
+    never increases along a path.
+    """
+
+    name = "eagle2"
+
+    @classmethod
+    def max_depth_for(cls, cfg: SageConfig) -> int:
+        return cfg.eagle_depth
+
+    @classmethod
+    def max_nodes_for(cls, cfg: SageConfig) -> int:
+        return cfg.eagle_total_tokens
+
+    def __init__(self, cfg: SageConfig) -> None:
+        super().__init__(cfg)
+        self.frontier_capacity = cfg.k
+        self.pool_capacity = 1 + cfg.k + (cfg.eagle_depth - 1) * cfg.k * cfg.k
+
+    def step(self, plan, pool, frontier, logprobs, level) -> Frontier:
+        c = propose(pool, frontier, logprobs, self.k, level)
+        expand = budget_top_n(c.valid.flatten(1), c.joint.flatten(1), torch.full_like(pool.count, self.k))
+        expand = expand.view_as(c.valid) & (level < self.max_depth)
+        return append(pool, c, c.valid, expand, c.joint, self.frontier_capacity)
+
+    def finalize(self, plan: RoundPlan, pool: DraftPool, round_ms: torch.Tensor | None = None) -> DraftTree:
+        filled = torch.arange(pool.capacity + 1, device=pool.count.device) < pool.count[:, None]
+        score = torch.where(filled, pool.joint, NEG_INF)
+        score[:, 0] = float("inf")  # the root always stays
+        selected = budget_top_n(filled, score, torch.full_like(pool.count, self.tree_capacity))
+        return finalize(pool, selected, self.max_depth, self.tree_capacity)

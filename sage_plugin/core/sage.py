@@ -1,0 +1,154 @@
+"""SAGE's tree policy: entropy-shaped depth and width per request, plus the adaptive-history controller.
+
+Per round and request: alpha (:func:`~.shape.choose_alpha`) sets ``D`` and ``W`` (:func:`~.shape.plan_shape`,
+Eq. 10-11); each level keeps the candidates :func:`~.shape.level_keep` admits (Eq. 12, ``theta_l``, ``N_max``) and
+expands them while ``l < D``.  Options around the paper's rules (``docs/algorithm.md``):
+
+* ``first_round_static``: a request's first round drafts the static tree (SAGE Appendix A.1);
+* ``topology="planned"``: replay the tree planned at the end of the previous round (:mod:`.planned`);
+* ``node_budget="auto"``: with a measured round cost, verify only the cost-optimal best-first cut and stop drafting
+  levels it would not use (:func:`~.cost.cost_cut`).
+
+Worked example: :mod:`sage_plugin.core.shape`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .baselines import StaticPolicy
+from .controller import observe_history
+from .cost import cost_cut
+from .entropy import topk_confidence
+from .expand import Candidates, DraftPool, Frontier, append, finalize, propose
+from .planned import code_depth, plan_next_tree, planned_selection
+from .policy import FixedShapePolicy, PolicyState, RoundPlan
+from .shape import LevelProbs, budget_key, choose_alpha, in_prob_space, level_keep, plan_shape
+from .tree import DraftTree
+
+if TYPE_CHECKING:
+    from ..config import SageConfig
+
+__all__ = ["SagePolicy", "sage_level_selection"]
+
+
+def sage_level_selection(
+    cfg: SageConfig, plan: RoundPlan, pool: DraftPool, c: Candidates
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(keep, expand, insertion order)``, each ``[B, F, K]``, for one level's live candidates (Eq. 10-12)."""
+    lp = lambda full, topk: in_prob_space(cfg, full, topk).exp().flatten(1)  # noqa: E731
+    probs = LevelProbs(
+        lp(c.logp, c.logp_topk),
+        lp(c.joint, c.joint_topk),
+        lp(c.parent_logp, c.parent_logp_topk),
+        lp(c.parent_joint, c.parent_joint_topk),
+    )
+    order = budget_key(cfg, c.joint.flatten(1))
+    keep = level_keep(
+        cfg, c.level, c.valid.flatten(1), c.ranks.flatten(1), probs, order, plan.depth, plan.width, pool.count - 1
+    ).view_as(c.valid)
+    return keep, keep & (c.level < plan.depth[:, None, None]), order.view_as(c.joint)
+
+
+class SagePolicy(FixedShapePolicy):
+    """SAGE: entropy-shaped depth/width per request plus the adaptive-history controller."""
+
+    name = "sage"
+
+    @classmethod
+    def max_depth_for(cls, cfg: SageConfig) -> int:
+        deepest = cfg.d_cap if cfg.use_history else cfg.d_max
+        static = StaticPolicy.max_depth_for(cfg) if cfg.first_round_static else 0
+        return max(deepest, static)
+
+    @classmethod
+    def max_nodes_for(cls, cfg: SageConfig) -> int:
+        return max(cfg.n_max, StaticPolicy.max_nodes_for(cfg) if cfg.first_round_static else 0)
+
+    @classmethod
+    def uses_static_tree(cls, cfg: SageConfig) -> bool:
+        return cfg.first_round_static
+
+    def __init__(self, cfg: SageConfig) -> None:
+        super().__init__(cfg)
+        self.static = StaticPolicy(cfg) if cfg.first_round_static else None
+        self.pool_capacity = self.tree_capacity
+        self.frontier_capacity = self.tree_capacity - 1
+        self.wants_cost = cfg.node_budget == "auto"
+
+    def init_state(self, batch: int, device: torch.device | str = "cpu") -> PolicyState:
+        state = super().init_state(batch, device)
+        planned = torch.full((batch, self.tree_capacity), -1, dtype=torch.int64, device=device)
+        return PolicyState(state.alpha, state.first_round, state.history, planned)
+
+    def plan(self, state: PolicyState, root_logprobs: torch.Tensor) -> RoundPlan:
+        root_alpha = topk_confidence(root_logprobs, self.k)
+        alpha = choose_alpha(self.cfg, state.alpha, root_alpha)
+        depth, width = plan_shape(self.cfg, alpha, state.history.d_max)
+        first = state.first_round & (self.static is not None)
+        if self.static is not None:
+            depth = torch.where(first, self.static.max_depth, depth)
+        planned = state.planned if self.cfg.topology == "planned" else None
+        if planned is not None:  # the planned tree's own depth
+            depth = torch.where(first, depth, code_depth(planned, self.k).max(1).values.clamp(min=1))
+        return RoundPlan(depth, width, alpha, root_alpha, first, planned)
+
+    def step(self, plan: RoundPlan, pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, level: int):
+        c = propose(pool, frontier, logprobs, self.k, level)
+        if plan.planned is not None:  # replay the tree planned at the end of the last round
+            keep, expand = planned_selection(plan.planned, c, self.k)
+            order = c.joint
+        else:
+            keep, expand, order = sage_level_selection(self.cfg, plan, pool, c)
+        if self.static is not None:
+            s_keep, s_expand = self.static.select(c)
+            first = plan.first_round[:, None, None]
+            keep, expand = torch.where(first, s_keep, keep), torch.where(first, s_expand, expand)
+            order = torch.where(first, c.joint, order)
+        return append(pool, c, keep, expand, order, self.frontier_capacity)
+
+    def finalize(self, plan: RoundPlan, pool: DraftPool, round_ms: torch.Tensor | None = None) -> DraftTree:
+        """All pool nodes; with ``node_budget="auto"`` and a measured ``round_ms``, the cost-optimal best-first cut."""
+        if round_ms is None or not self.wants_cost:
+            return super().finalize(plan, pool)
+        keep = cost_cut(pool, round_ms)
+        selected = torch.cat([torch.ones_like(keep[:, :1]), keep, torch.zeros_like(keep[:, :1])], 1)
+        return finalize(pool, selected, self.max_depth, self.tree_capacity)
+
+    def keep_drafting(self, pool: DraftPool, level: int, round_ms: torch.Tensor) -> torch.Tensor:
+        """0-dim bool: does the cost-optimal cut of the pool so far use a node of ``level``?
+
+        If not, drafting the next level cannot pay either: its nodes are less probable than their parents, which
+        the cut already leaves out.  (Without a node budget every level pays: always True.)
+        """
+        if not self.wants_cost:
+            return super().keep_drafting(pool, level, round_ms)
+        return (cost_cut(pool, round_ms) & (pool.depths[:, 1:-1] == level)).any()
+
+    def observe(self, state, plan, tree, accepted_nodes, num_accepted, pool=None) -> PolicyState:
+        cfg = self.cfg
+        alpha = plan.root_alpha
+        if cfg.alpha_source == "path_mean":
+            conf = tree.node_conf.gather(1, accepted_nodes.clamp(min=0))
+            conf = torch.where(accepted_nodes >= 0, conf, float("nan"))
+            path_alpha = torch.nanmean(conf, dim=1)
+            alpha = torch.where(torch.isnan(path_alpha), plan.root_alpha, path_alpha)
+        history = observe_history(cfg, state.history, num_accepted)
+        planned = state.planned
+        if cfg.topology == "planned":
+            if pool is None:
+                raise ValueError("the planned topology needs the round's pool in observe()")
+            depth, width = plan_shape(cfg, alpha, history.d_max)
+            planned = plan_next_tree(
+                lambda p, vpool, c: sage_level_selection(cfg, p, vpool, c),
+                RoundPlan(depth, width, alpha, alpha, torch.zeros_like(state.first_round)),
+                pool,
+                k=self.k,
+                pool_capacity=self.pool_capacity,
+                frontier_capacity=self.frontier_capacity,
+                tree_capacity=self.tree_capacity,
+                max_levels=cfg.d_cap,
+            )
+        return PolicyState(alpha, torch.zeros_like(state.first_round), history, planned)
