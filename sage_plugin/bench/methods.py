@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 import yaml
 
-from ..config import POLICIES, ConfigError, SageConfig
+from ..config import ConfigError, SageConfig
+from ..core.policies import POLICIES
+from ..engines.support import REFERENCE_SUPPORT
 
 __all__ = ["MethodSpec", "parse_method", "parse_methods", "DEFAULT_METHODS", "ABLATIONS"]
 
@@ -28,7 +30,7 @@ __all__ = ["MethodSpec", "parse_method", "parse_methods", "DEFAULT_METHODS", "AB
 #: with the paper's fixed budget (every node it builds is verified, up to ``n_max``), the setting the baselines use.
 DEFAULT_METHODS = ("ar", "chain", "static", "eagle2", "sage", "sage-paper")
 
-#: Named ablations of SAGE_SPEC §8 (components and open points), usable as ``--methods`` entries.
+#: Named ablations (docs/algorithm.md: the components and the open points), usable as ``--methods`` entries.
 ABLATIONS: dict[str, str] = {
     "sage-paper": "sage:node_budget=fixed",
     "sage-entropy-only": "sage:use_history=false",
@@ -80,7 +82,9 @@ def parse_method(text: str, base: SageConfig) -> MethodSpec:
         if not sep:
             raise ConfigError(f"method option {item!r} must be key=value")
         changes[key.strip()] = yaml.safe_load(value)
-    return MethodSpec(name, base.replace(**changes))
+    cfg = base.replace(**changes)
+    REFERENCE_SUPPORT.check(cfg)  # before any model loads
+    return MethodSpec(name, cfg)
 
 
 def _starts_method(item: str) -> bool:
@@ -91,7 +95,12 @@ def _starts_method(item: str) -> bool:
 
 
 def parse_methods(text: str, base: SageConfig) -> list[MethodSpec]:
-    """Parse a comma-separated ``--methods`` list (see module docstring); method names must be distinct."""
+    """Parse a comma-separated ``--methods`` list (see module docstring); method names must be distinct.
+
+    Every method's config (and ``base``, which ``ar`` runs with) is checked against what the reference engine
+    honours (:data:`~sage_plugin.engines.support.REFERENCE_SUPPORT`).
+    """
+    REFERENCE_SUPPORT.check(base)
     entries: list[str] = []
     for item in text.split(","):
         if entries and not _starts_method(item):

@@ -21,7 +21,7 @@ per-request state across decode steps and resets it on a prefill; mixed batches 
 every method the enum has exists here.
 
 Besides the predicates, SGLang calls four methods that ``CustomSpecAlgo`` lacks in 0.5.23
-(``patches/SGLANG_PLUGIN_RESEARCH.md`` §2b): ``create_future_map`` (scheduler), ``carries_draft_hidden_states``
+(``docs/sglang.md``, "What a custom algorithm class must provide"): ``create_future_map`` (scheduler), ``carries_draft_hidden_states``
 (scheduler), ``need_topk`` (overlap utils) and ``get_platform_worker_cls`` (adaptive params, create_worker).
 
 The two server-args callbacks run in the launcher during SGLang's resolution, on a recording
@@ -45,8 +45,8 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from sage_plugin.config import ConfigError, SageConfig
 
-from .args import build_sage_config, spec_sizes
-from .hooks import sage_cli_of
+from .args import flag_name, sage_config_of, spec_sizes
+from .support import SGLANG_SUPPORT
 
 if TYPE_CHECKING:
     import torch
@@ -58,7 +58,6 @@ __all__ = [
     "SageEagleSpecAlgo",
     "SageSpecAlgo",
     "draft_kind_of",
-    "sage_config_of",
     "sage_eagle_worker_factory",
     "sage_worker_factory",
     "validate_server_args",
@@ -69,18 +68,6 @@ logger = logging.getLogger(__name__)
 #: Page sizes above 1 with a tree (topk > 1) need SGLang's two-pass cascade draft decode, which only
 #: these attention backends implement (the same check SGLang runs for EAGLE/STANDALONE).
 _PAGE_TREE_BACKENDS = ("flashinfer", "fa3", "triton")
-
-
-def sage_config_of(server_args: Any) -> SageConfig:
-    """The validated SageConfig of a launch: defaults < ``--sage-config`` file < ``--sage-*`` flags.
-
-    Works on the ``ServerArgs`` record in any SGLang process (the flags ride on it) and on SGLang's
-    resolution stand-in.
-
-    Raises:
-        ConfigError: a bad value, named by its flag.
-    """
-    return build_sage_config(sage_cli_of(server_args))
 
 
 def draft_kind_of(architectures: list[str] | tuple[str, ...]) -> str:
@@ -123,9 +110,11 @@ def validate_server_args(server_args: Any) -> None:
     ``python -m sglang.launch_server`` with exit code 1 and its message, with no process left behind.
 
     Raises:
-        ConfigError: a bad ``--sage-*`` value, an explicit SGLang draft size SAGE cannot use, or no draft model.
+        ConfigError: a bad ``--sage-*`` value, a value the SGLang worker does not honour
+            (:data:`.support.SGLANG_SUPPORT`), an explicit SGLang draft size SAGE cannot use, or no draft model.
     """
     cfg = sage_config_of(server_args)
+    SGLANG_SUPPORT.check(cfg, name=flag_name)
     spec_sizes(
         cfg,
         topk=server_args.speculative_eagle_topk,
@@ -158,11 +147,8 @@ def validate_server_args(server_args: Any) -> None:
                 f"--speculative-algorithm {name.lower()} does not match the draft {draft} ({', '.join(archs)}: "
                 f"{kind}); use --speculative-algorithm sage (it picks {want.lower()})"
             )
-    if cfg.first_round_static:
-        logger.warning(
-            "SAGE: --sage-first-round-static is a reference-engine feature; the SGLang worker plans each request's "
-            "first round from --sage-alpha-init (pass --sage-first-round-static false to silence this)"
-        )
+    for name, instead in SGLANG_SUPPORT.defaults_not_applied().items():
+        logger.info("SAGE: %s keeps its default, which SGLang does not apply: %s", flag_name(name), instead)
     defaults = SageConfig().to_dict()
     changed = {k: v for k, v in cfg.to_dict().items() if v != defaults[k]}
     logger.info("SAGE config: defaults%s", "" if not changed else f" with {changed}")

@@ -43,24 +43,23 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
-
-from sage_plugin.config import ConfigError, SageConfig, from_mapping
+from sage_plugin.config import ConfigError, SageConfig, from_mapping, read_sage_yaml
 
 __all__ = [
     "CONFIG_FLAG",
     "FLAGS",
     "MAX_DERIVED_TOPK",
+    "STASH_ATTR",
     "SageCliArgs",
     "SageFlag",
     "SpecSizes",
     "add_sage_arguments",
     "build_sage_config",
     "flag_name",
-    "read_sage_yaml",
+    "sage_cli_of",
+    "sage_config_of",
     "spec_sizes",
 ]
 
@@ -211,29 +210,29 @@ class SageCliArgs:
         return self.config_path is not None or bool(self.overrides)
 
 
-def read_sage_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    """The SageConfig fields of a ``--sage-config`` file, unvalidated (merged, then validated, by the caller).
+#: Name of the bookkeeping attribute on SGLang's ``ServerArgs`` record that carries the SAGE flags
+#: (set by the ``from_cli_args`` hook, :mod:`.hooks`).
+STASH_ATTR = "_sage_cli"
 
-    Same format as :meth:`SageConfig.from_yaml`: a top-level ``sage:`` mapping, or the fields at top level.
+
+def sage_cli_of(server_args: Any) -> SageCliArgs | None:
+    """The SAGE flags a ``ServerArgs`` record (or SGLang's resolution stand-in) carries; ``None`` if it has none.
+
+    A record built without SGLang's parser (``Engine(**kwargs)``) has none: SAGE then uses the defaults.
     """
-    where = f"{CONFIG_FLAG} {path}"
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read the file ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML ({exc})") from None
-    data = {} if data is None else data
-    if isinstance(data, dict) and "sage" in data:
-        data = data["sage"]
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping of SageConfig fields, got {type(data).__name__}")
-    unknown = sorted(str(k) for k in data if k not in _BY_FIELD)
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown SAGE option(s): {', '.join(unknown)} (known: {', '.join(sorted(_BY_FIELD))})"
-        )
-    return dict(data)
+    return getattr(server_args, STASH_ATTR, None)
+
+
+def sage_config_of(server_args: Any) -> SageConfig:
+    """The validated SageConfig of a launch: defaults < ``--sage-config`` file < ``--sage-*`` flags.
+
+    Works on the ``ServerArgs`` record in any SGLang process (the flags ride on it) and on SGLang's resolution
+    stand-in.
+
+    Raises:
+        ConfigError: a bad value, named by its flag.
+    """
+    return build_sage_config(sage_cli_of(server_args))
 
 
 _FIELD_RE = re.compile(r"(?<![\w-])(" + "|".join(sorted(_BY_FIELD, key=len, reverse=True)) + r")(?![\w-])")
@@ -259,7 +258,7 @@ def build_sage_config(cli: SageCliArgs | None) -> SageConfig:
     5
     """
     cli = cli or SageCliArgs()
-    from_file = read_sage_yaml(cli.config_path) if cli.config_path else {}
+    from_file = read_sage_yaml(cli.config_path, label=f"{CONFIG_FLAG} {cli.config_path}") if cli.config_path else {}
     try:
         return from_mapping({**from_file, **cli.overrides})
     except ConfigError as exc:

@@ -1,6 +1,6 @@
 """The only place SAGE patches SGLang: seven ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling).
 
-SGLang 0.5.23 has no API for plugin-owned command-line flags (``patches/SGLANG_PLUGIN_RESEARCH.md`` §2a),
+SGLang 0.5.23 has no API for plugin-owned command-line flags (``docs/sglang.md``, "Flags"),
 so the plugin wraps the two functions of its parse path.  Each hook has an entry in ``patches/INDEX.md``;
 ``tests/integration/sglang/test_hook_targets.py`` checks that the targets still exist.
 
@@ -12,7 +12,7 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
   accepts underscore non-field attributes as bookkeeping, pickles them, and restores them in the
   spawned scheduler processes, so the record carries the flags everywhere SGLang sends it
   (``validate_server_args``, ``handle_server_args``, the worker factory).  Read them back with
-  :func:`sage_cli_of`.
+  :func:`.args.sage_cli_of`.
 
 * :func:`organize_draft_results` (AROUND ``sglang.srt.speculative.eagle_utils.organize_draft_results``): when a
   SAGE draft worker is drafting (:data:`ACTIVE_SELECTION` is set), the verified nodes are SAGE's choice
@@ -52,12 +52,11 @@ import logging
 from contextvars import ContextVar
 from typing import Any, Callable
 
-from .args import SageCliArgs, add_sage_arguments
+from .args import STASH_ATTR, SageCliArgs, add_sage_arguments
 
 __all__ = [
     "ACTIVE_SELECTION",
     "HOOK_TARGETS",
-    "STASH_ATTR",
     "add_cli_args",
     "from_cli_args",
     "install_hooks",
@@ -65,7 +64,6 @@ __all__ = [
     "add_speculative_state",
     "output_streamer_class",
     "report_decode_stats",
-    "sage_cli_of",
     "verify_uses_greedy",
 ]
 
@@ -98,9 +96,6 @@ _cpu_kernels_ready = False  # eagle_utils holds the CPU sampling kernels (set on
 #: The SAGE selection of the draft step in progress (set by ``SageDraftWorker.draft``), else None.
 ACTIVE_SELECTION: ContextVar[Callable[..., Any] | None] = ContextVar("sage_active_selection", default=None)
 
-#: Name of the bookkeeping attribute on SGLang's ``ServerArgs`` record that carries the SAGE flags.
-STASH_ATTR = "_sage_cli"
-
 
 def add_cli_args(original: Callable[[argparse.ArgumentParser], None], parser: argparse.ArgumentParser) -> None:
     """AROUND ``ServerArgs.add_cli_args(parser)``: SGLang's flags, then the ``--sage-*`` group."""
@@ -117,14 +112,6 @@ def from_cli_args(original: Callable[..., Any], cls: type, args: argparse.Namesp
     if cli.given and (algorithm or "").upper() != "SAGE":
         logger.warning("--sage-* flags are ignored: --speculative-algorithm is %s, not sage", algorithm)
     return record
-
-
-def sage_cli_of(server_args: Any) -> SageCliArgs | None:
-    """The SAGE flags a ``ServerArgs`` record (or SGLang's resolution stand-in) carries; ``None`` if it has none.
-
-    A record built without SGLang's parser (``Engine(**kwargs)``) has none: SAGE then uses the defaults.
-    """
-    return getattr(server_args, STASH_ATTR, None)
 
 
 def organize_draft_results(original: Callable[..., Any], score_list, token_list, parents_list, num_draft_token):
@@ -208,7 +195,10 @@ def _sage_draft_worker(scheduler: Any) -> Any:
 def report_decode_stats(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``report_decode_stats(self, ...)``: SGLang's report, then the SAGE gauges at its metrics interval."""
     out = original(self, *args, **kwargs)
-    if not getattr(self, "current_scheduler_metrics_enabled", False) or self.forward_ct_decode % self.decode_log_interval:
+    if (
+        not getattr(self, "current_scheduler_metrics_enabled", False)
+        or self.forward_ct_decode % self.decode_log_interval
+    ):
         return out
     draft = _sage_draft_worker(self.scheduler)
     if draft is None:

@@ -10,7 +10,7 @@ by ``organize_draft_results`` (top joint probability).  SAGE keeps SGLang's page
 backends, tree build and verify, and decides only what SAGE decides (nothing is re-implemented):
 
 * before drafting, :class:`SageDraftWorker` plans every request's round from its root distribution (the beam's
-  first top-k probabilities) and its slot's history: alpha -> (D, W) (:class:`sage_plugin.core.serving.SlotState`);
+  first top-k probabilities) and its slot's history: alpha -> (D, W) (:class:`sage_plugin.core.slots.SlotState`);
 * the verified nodes are chosen by :func:`sage_plugin.core.budgeted.select_shaped` (SAGE shape first, then the
   most probable others), through the ``organize_draft_results`` hook (``hooks.py``, ``patches/INDEX.md`` #3),
   which dispatches to the active :class:`BeamSelection` and otherwise leaves SGLang's selection alone;
@@ -36,9 +36,9 @@ from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, S
 
 from sage_plugin.config import SageConfig
 from sage_plugin.core.budgeted import eagle_beam_candidates, select_shaped
-from sage_plugin.core.serving import SlotState
+from sage_plugin.core.slots import SlotState
 
-from .algo import sage_config_of
+from .args import sage_config_of
 from .hooks import ACTIVE_SELECTION
 from .meta import SageRoundDevice
 
@@ -53,7 +53,7 @@ STAT_FIELDS = ("rounds", "alpha_sum", "depth_sum", "width_sum", "shaped_sum", "a
 class BeamSelection:
     """``organize_draft_results`` replacement for one draft worker: SAGE's choice of the verified nodes.
 
-    ``depth``/``width`` are persistent ``[max_bs]`` buffers written by :meth:`SageDraftWorker.draft`; a call
+    ``depth``/``width``/``first`` are persistent ``[max_bs]`` buffers written by :meth:`SageDraftWorker.draft`; a call
     reads the first ``bs`` rows (the batch's, in row order).
     """
 
@@ -62,6 +62,7 @@ class BeamSelection:
         self.depth = torch.ones(max_bs, dtype=torch.int64, device=device)
         self.width = torch.ones(max_bs, dtype=torch.int64, device=device)
         self.shaped = torch.zeros(max_bs, dtype=torch.int64, device=device)
+        self.first = torch.zeros(max_bs, dtype=torch.bool, device=device)  # first round: the static tree
 
     def __call__(self, score_list, token_list, parents_list, num_draft_token: int):
         """Same contract as SGLang's ``organize_draft_results``: ``(parent_list, top_scores_index, draft_tokens)``."""
@@ -75,7 +76,8 @@ class BeamSelection:
             parent_list = torch.empty(bs, 0, dtype=torch.long, device=scores.device)
             beam_parents = parents_list[0][:, :1]
         cands = eagle_beam_candidates(scores, beam_parents, self.topk)
-        sel = select_shaped(cands, self.depth[:bs], self.width[:bs], num_draft_token - 1, self.cfg)
+        static_first = self.first[:bs] if self.cfg.first_round_static else None
+        sel = select_shaped(cands, self.depth[:bs], self.width[:bs], num_draft_token - 1, self.cfg, static_first)
         self.shaped[:bs].copy_(sel.shaped)
         return parent_list, sel.index, tokens.gather(1, sel.index)
 
@@ -119,13 +121,21 @@ class SageDraftMixin(EagleDraftWorkerBase):
         sel = self.sage_selection
         sel.depth[:bs].copy_(shape.depth)
         sel.width[:bs].copy_(shape.width)
+        sel.first[:bs].copy_(shape.first_round)
         token = ACTIVE_SELECTION.set(sel)
         try:
             out = super().draft(batch, with_topology=with_topology)
         finally:
             ACTIVE_SELECTION.reset(token)
-        upd = torch.stack([torch.full_like(shape.alpha, 1.0), shape.alpha, shape.depth.to(shape.alpha.dtype),
-                           shape.width.to(shape.alpha.dtype), sel.shaped[:bs].to(shape.alpha.dtype)])
+        upd = torch.stack(
+            [
+                torch.full_like(shape.alpha, 1.0),
+                shape.alpha,
+                shape.depth.to(shape.alpha.dtype),
+                shape.width.to(shape.alpha.dtype),
+                sel.shaped[:bs].to(shape.alpha.dtype),
+            ]
+        )
         self._stats[:5] += upd.sum(1).to(self._stats.dtype)
         self.sage_round = upd[1:].t().float().contiguous()  # [B, 4] for meta_info (meta.SageRoundDevice)
         return out
@@ -156,9 +166,14 @@ class SageDraftMixin(EagleDraftWorkerBase):
             return {}
         v = dict(zip(STAT_FIELDS, self._stats_host.tolist()))
         n = max(v["rounds"], 1.0)
-        return {"sage_rounds": v["rounds"], "sage_mean_alpha": v["alpha_sum"] / n,
-                "sage_mean_depth": v["depth_sum"] / n, "sage_mean_width": v["width_sum"] / n,
-                "sage_mean_shaped_nodes": v["shaped_sum"] / n, "sage_mean_accept_length": v["accept_sum"] / n}
+        return {
+            "sage_rounds": v["rounds"],
+            "sage_mean_alpha": v["alpha_sum"] / n,
+            "sage_mean_depth": v["depth_sum"] / n,
+            "sage_mean_width": v["width_sum"] / n,
+            "sage_mean_shaped_nodes": v["shaped_sum"] / n,
+            "sage_mean_accept_length": v["accept_sum"] / n,
+        }
 
 
 class SageDraftWorker(SageDraftMixin, StandaloneDraftWorker):

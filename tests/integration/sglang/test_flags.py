@@ -21,8 +21,13 @@ from sglang.srt.server_args import ServerArgs, prepare_server_args  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 from sage_plugin.config import ConfigError, SageConfig  # noqa: E402
-from sage_plugin.runtimes.sglang.algo import sage_config_of, validate_server_args  # noqa: E402
-from sage_plugin.runtimes.sglang.args import FLAGS, SageCliArgs, flag_name  # noqa: E402
+from sage_plugin.runtimes.sglang.algo import validate_server_args  # noqa: E402
+from sage_plugin.runtimes.sglang.args import FLAGS, SageCliArgs, flag_name, sage_config_of  # noqa: E402
+from sage_plugin.runtimes.sglang.support import SGLANG_SUPPORT  # noqa: E402
+
+from ...unit.config_cases import OTHER_VALUES, flag_value  # noqa: E402
+
+CASES = [(name, value) for name, values in OTHER_VALUES.items() for value in values]
 
 REPO = Path(__file__).resolve().parents[3]
 REFERENCE_YAML = REPO / "engine_configs" / "reference" / "smollm2_cpu_sage.yaml"
@@ -274,9 +279,7 @@ def test_derived_draft_tokens_are_capped_by_the_beam():
     assert view.speculative_num_draft_tokens == 2 + 2 * 2 * 2 + 1
 
 
-@pytest.mark.parametrize(
-    "yaml_path", sorted((REPO / "engine_configs" / "sglang").glob("*.yaml")), ids=lambda p: p.name
-)
+@pytest.mark.parametrize("yaml_path", sorted((REPO / "engine_configs" / "sglang").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_sglang_engine_config_parses_in_sglang(yaml_path):
     """Every key is an SGLang (or SAGE) flag SGLang's ``--config`` accepts, and the SAGE values are valid."""
     import yaml
@@ -372,7 +375,9 @@ def test_cpu_sampling_requests_take_the_sampling_verify():
 
     assert greedy() is False
     if not torch_cuda():  # filled by the hook where SGLang has no kernel
-        assert eagle_utils.tree_speculative_sampling_target_only is sampling_ops.tree_speculative_sampling_target_only_cpu
+        assert (
+            eagle_utils.tree_speculative_sampling_target_only is sampling_ops.tree_speculative_sampling_target_only_cpu
+        )
         assert eagle_utils.top_k_renorm_prob is sampling_ops.top_k_renorm_prob_cpu
         assert eagle_utils.top_p_renorm_prob is sampling_ops.top_p_renorm_prob_cpu
     assert greedy(is_all_greedy=True) is True  # greedy batches: unchanged
@@ -384,3 +389,21 @@ def torch_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+# -- every field through the real launch check (validate_server_args) --------------------------------
+
+
+@pytest.mark.parametrize(("field", "value"), CASES, ids=[f"{n}={v}" for n, v in CASES])
+def test_every_field_is_honoured_or_refused_at_launch(tmp_path, field, value):
+    """The launch accepts what SAGE's SGLang worker honours and refuses the rest, naming the flag."""
+    draft = write(tmp_path, "config.json", json.dumps({"architectures": ["LlamaForCausalLM"]})).parent
+    entry = SGLANG_SUPPORT.honours.get(field)
+    sa = record(flag_name(field), *flag_value(value), base=[*BASE[:-1], str(draft)])
+    if entry is not None and (entry.values is None or value in entry.values):
+        validate(sa)
+        assert getattr(sage_config_of(sa), field) == value
+        return
+    with pytest.raises(ConfigError) as exc:
+        validate(sa)
+    assert str(exc.value).startswith(f"{flag_name(field)}: SGLang 0.5.23"), str(exc.value)

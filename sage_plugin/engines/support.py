@@ -1,0 +1,26 @@
+"""The SageConfig fields the reference engine (``sage bench``, :class:`~sage_plugin.engines.speculative.SpecEngine`)
+honours: all of them but the video pruning ratio (it has no video inputs).  Checked by ``sage bench`` before any
+model loads (:meth:`sage_plugin.support.RuntimeSupport.check`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..config import SageConfig
+from ..support import Honoured, RuntimeSupport
+
+__all__ = ["REFERENCE_SUPPORT"]
+
+_NOTES = {
+    "prune_ratio_image": "with a VLM draft (sage bench --draft-vlm); a text draft sees no visual tokens",
+    "node_budget": "auto: the round cost is measured once per batch size on this device",
+}
+_NOT_READ = {"prune_ratio_video": "no video inputs in the reference engine"}
+
+REFERENCE_SUPPORT = RuntimeSupport(
+    runtime="reference engine",
+    honours={
+        f.name: Honoured(note=_NOTES.get(f.name, "")) for f in dataclasses.fields(SageConfig) if f.name not in _NOT_READ
+    },
+    not_read=_NOT_READ,
+)

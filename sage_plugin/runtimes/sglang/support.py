@@ -1,0 +1,61 @@
+"""The SageConfig fields SAGE's SGLang worker honours (pure data: importable without SGLang).
+
+SGLang drafts a fixed EAGLE beam per step and verifies a fixed number of tokens (``--speculative-num-draft-tokens``,
+one CUDA graph per shape); SAGE chooses which candidates of the beam form each request's verified tree
+(:func:`sage_plugin.core.budgeted.select_shaped`) from a per-slot plan (:class:`sage_plugin.core.slots.SlotState`).
+:func:`.algo.validate_server_args` checks this table at launch, naming the ``--sage-*`` flag.
+"""
+
+from __future__ import annotations
+
+from ...support import Honoured, RuntimeSupport
+
+__all__ = ["SGLANG_SUPPORT"]
+
+_ALL = Honoured()
+
+SGLANG_SUPPORT = RuntimeSupport(
+    runtime="SGLang 0.5.23",
+    honours={
+        "policy": Honoured({"sage"}, "SGLang's own --speculative-algorithm EAGLE / STANDALONE build the baselines"),
+        "k": Honoured(note="beam width --speculative-eagle-topk = min(k, 10); alpha over the beam's top-k"),
+        "d_min": _ALL,
+        "d_max": _ALL,
+        "w_min": _ALL,
+        "w_max": _ALL,
+        "n_max": Honoured(note="SAGE-shaped nodes per tree; the verify width is --speculative-num-draft-tokens"),
+        "node_budget": Honoured(
+            {"fixed"},
+            "SGLang verifies --speculative-num-draft-tokens per request every step; the default auto acts as fixed",
+        ),
+        "theta0": _ALL,
+        "alpha_init": _ALL,
+        "first_round_static": Honoured(note="the static tree's nodes that the beam holds"),
+        "use_history": _ALL,
+        "history_window": _ALL,
+        "history_lo": _ALL,
+        "history_hi": _ALL,
+        "history_step": _ALL,
+        "d_cap": _ALL,
+        "history_cooldown": _ALL,
+        "history_tau": _ALL,
+        "use_entropy": _ALL,
+        "alpha_source": Honoured({"lag1", "fresh"}, "path_mean needs the accepted path's draft distributions"),
+        "rounding": _ALL,
+        "clamp_level_width": _ALL,
+        "parent_prob": _ALL,
+        "threshold_on": _ALL,
+        "prob_space": Honoured(note="topk renormalises over the siblings the beam holds"),
+        "budget_order": _ALL,
+        "keep_top1": _ALL,
+        "topology": Honoured({"online"}, "planned needs the previous round's draft distributions per rank path"),
+        "static_tree": _ALL,
+    },
+    not_read={
+        "eagle_depth": "baseline policies only",
+        "eagle_total_tokens": "baseline policies only",
+        "chain_depth": "baseline policies only",
+        "prune_ratio_image": "no draft-side visual-token pruning in the SGLang worker",
+        "prune_ratio_video": "no draft-side visual-token pruning in the SGLang worker",
+    },
+)

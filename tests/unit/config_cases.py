@@ -1,0 +1,53 @@
+"""Shared test data: a valid non-default value of every SageConfig field (unit and SGLang tiers)."""
+
+from __future__ import annotations
+
+import json
+
+#: field -> every valid non-default value worth trying (each alone, the rest at their defaults)
+OTHER_VALUES: dict[str, list] = {
+    "policy": ["eagle2", "static", "chain"],
+    "k": [12, 16],
+    "d_min": [2, 4],
+    "d_max": [6, 10],
+    "w_min": [1, 3],
+    "w_max": [6],
+    "n_max": [16],
+    "node_budget": ["fixed"],
+    "theta0": [0.2],
+    "alpha_init": [0.3],
+    "first_round_static": [False],
+    "use_history": [False],
+    "history_window": [5],
+    "history_lo": [1.5],
+    "history_hi": [2.5],
+    "history_step": [2],
+    "d_cap": [12],
+    "history_cooldown": ["none"],
+    "history_tau": ["drafts_plus_bonus"],
+    "use_entropy": [False],
+    "alpha_source": ["fresh", "path_mean"],
+    "rounding": ["ceil", "floor"],
+    "clamp_level_width": [False],
+    "parent_prob": ["joint"],
+    "threshold_on": ["joint"],
+    "prob_space": ["topk"],
+    "budget_order": ["parent_order"],
+    "keep_top1": [False],
+    "topology": ["planned"],
+    "eagle_depth": [5],
+    "eagle_total_tokens": [32],
+    "chain_depth": [4],
+    "static_tree": [((0,), (1,), (0, 0))],
+    "prune_ratio_image": [0.5],
+    "prune_ratio_video": [0.5],
+}
+
+
+def flag_value(value) -> list[str]:
+    """The command-line spelling of a value (``--sage-*`` flags)."""
+    if isinstance(value, bool):
+        return [str(value).lower()]
+    if isinstance(value, tuple):
+        return [json.dumps([list(p) for p in value])]
+    return [str(value)]
