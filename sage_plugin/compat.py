@@ -1,4 +1,4 @@
-"""Pinned upstream runtime versions and the startup version check (house style §9 rule 7).
+"""Pinned upstream runtime versions and the startup version check (the runtimes a release is tested against).
 
 The SGLang adapter (:mod:`sage_plugin.runtimes.sglang`) hooks SGLang internals that change between
 releases (``patches/INDEX.md``), so it supports exactly one SGLang version.  That version is pinned

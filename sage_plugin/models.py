@@ -18,7 +18,6 @@ __all__ = [
     "DEFAULT_CACHE_DIR",
     "smollm2_gguf_path",
     "ensure_smollm2",
-    "load_causal_lm",
     "load_tokenizer",
     "bundled_draft_dir",
     "truncated_draft",
@@ -43,7 +42,7 @@ def smollm2_gguf_path() -> Path:
 
 
 def ensure_smollm2(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
-    """Convert the GGUF to an fp32 HF checkpoint once; return its directory (about 25 s once)."""
+    """Convert the GGUF to an fp32 HF checkpoint once (cached); return its directory."""
     out = Path(cache_dir) / SMOLLM2_DIR
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
@@ -69,25 +68,11 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def load_causal_lm(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """Load an HF causal LM for inference (eval mode, no grad) with grouped-query SDPA attention.
-
-    ``sage_sdpa`` (:mod:`sage_plugin.engines.attention`) is ``sdpa`` without the per-forward copy of the KV
-    heads that transformers makes whenever a mask is passed (every tree verify, every padded batch).
-    """
-    from transformers import AutoModelForCausalLM
-
-    from .engines.attention import register
-
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=register())
-    return model.to(device).eval().requires_grad_(False)
-
-
 def draft_head_ids(path: str | Path) -> torch.Tensor | None:
     """The restricted head ids ``[S]`` a ``sage train-draft`` export lists in ``sage_draft.json`` (else None).
 
     Every other token of such a draft shares one output row that can never be its argmax, so an engine may
-    compute the draft's logits over these ids only (:class:`~sage_plugin.engines.adapters.TextAdapter`).
+    compute the draft's logits over these ids only (:class:`~sage_plugin.engines.lm.TextModel`).
     """
     import json
 

@@ -1,6 +1,6 @@
 """``sage bench`` runner: every method on the same prompts, timed side by side.
 
-Protocol (EAGLE / Spec-Bench / SpecVLM, see SAGE_SPEC §7-8):
+Protocol (as in EAGLE, Spec-Bench and SpecVLM; ``docs/algorithm.md``, "Baselines"):
 
 * Greedy by default; ``temperature > 0`` switches every method (and ``ar``) to sampling.
 * Warm-up: one short generation per method before timing.
@@ -9,7 +9,7 @@ Protocol (EAGLE / Spec-Bench / SpecVLM, see SAGE_SPEC §7-8):
   over that of ``ar`` in the same run.
 * Decode time excludes prefill (SpecVLM protocol); the first generated token comes from prefill
   and is not counted as a decode token.
-* Tree-policy overhead (SAGE_SPEC §9): host time inside the policy's calls, per batched round and as a share of
+* Tree-policy overhead (the paper's "tree update" time): host time inside the policy's calls, per batched round and as a share of
   decode time (the paper reports 0.39% for its tree update).
 * ``tau`` = decode tokens / target forwards (bonus included; ``ar`` scores exactly 1.00);
   ``accepted`` = mean accepted draft tokens per round (bonus excluded, SpecVLM's accept_length).
@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.policies import build_policy
-from ..engines.adapters import GenRequest
+from ..engines.lm import GenRequest
 from ..engines.speculative import GenOutput, SamplingParams, SpecEngine
 from .methods import MethodSpec
 

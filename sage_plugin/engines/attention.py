@@ -11,7 +11,7 @@ query heads that share a KV head into the query-length axis::
 
 and calls ``torch.nn.functional.scaled_dot_product_attention`` once.  It is the same arithmetic as ``sdpa`` (tests
 compare them).  Registered under the name ``"sage_sdpa"`` (with ``sdpa``'s mask builder) when this module is
-imported; :func:`sage_plugin.models.load_causal_lm` selects it.
+imported; :func:`sage_plugin.engines.lm.load_causal_lm` selects it.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
     if attention_mask is None and q > 1:
         # causal without an explicit mask: sdpa's own GQA path (no copy) is exact here
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-        out = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, scale=scaling,
-                                             is_causal=bool(causal), enable_gqa=g > 1)
+        out = F.scaled_dot_product_attention(
+            query, key, value, dropout_p=dropout, scale=scaling, is_causal=bool(causal), enable_gqa=g > 1
+        )
         return out.transpose(1, 2).contiguous(), None
     mask = attention_mask
     if mask is not None:

@@ -2,8 +2,8 @@
 
 Feeds :class:`~sage_plugin.core.cost.RoundCost` (SAGE's ``node_budget="auto"``).  Timed on the batch's own
 prefilled caches (so context length and batch size are the real ones), with dummy tokens whose KV rows are never
-committed and are dropped afterwards.  Runs once per engine and batch size (about 2-5 s on a 2-core CPU,
-well under a second on a GPU), like SGLang's CUDA-graph capture at start-up.
+committed and are dropped afterwards.  Runs once per engine and batch size (a few forwards per measured count,
+reported by ``sage bench`` as ``profile_s``), like SGLang's CUDA-graph capture at start-up.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 import torch
 
 from ..core.cost import RoundCost
-from .adapters import ModelAdapter
 from .kv import SeqState
+from .lm import EngineModel
 
 __all__ = ["measure_round_cost", "NODE_COUNTS"]
 
@@ -23,7 +23,7 @@ __all__ = ["measure_round_cost", "NODE_COUNTS"]
 NODE_COUNTS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
-def _forward_ms(model: ModelAdapter, state: SeqState, q: int, repeats: int, sync) -> float:
+def _forward_ms(model: EngineModel, state: SeqState, q: int, repeats: int, sync) -> float:
     """Median wall time of a forward of ``q`` new tokens per request (causal among themselves), KV dropped after."""
     bsz, dev = state.next_pos.shape[0], state.next_pos.device
     ids = torch.zeros(bsz, q, dtype=torch.int64, device=dev)
@@ -45,8 +45,8 @@ def _forward_ms(model: ModelAdapter, state: SeqState, q: int, repeats: int, sync
 
 @torch.inference_mode()
 def measure_round_cost(
-    target: ModelAdapter,
-    draft: ModelAdapter,
+    target: EngineModel,
+    draft: EngineModel,
     tstate: SeqState,
     dstate: SeqState,
     max_nodes: int,

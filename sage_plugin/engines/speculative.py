@@ -1,6 +1,6 @@
 """Reference speculative-decoding engine on HF transformers (CPU or CUDA), batched and ragged.
 
-One round per batch (SAGE Algorithm 1 with the online topology of SAGE_SPEC §2 point 8):
+One round per batch (SAGE Algorithm 1 with the online topology, open point 8 of ``docs/algorithm.md``):
 
 1. **Draft catch-up**: feed each request's pending tokens (accepted tokens the draft has not
    seen, then the root) in one ragged forward; the last row gives the root distribution.
@@ -14,7 +14,7 @@ One round per batch (SAGE Algorithm 1 with the online topology of SAGE_SPEC §2 
    ``policy.observe`` updates alpha (lag-1) and the history controller.
 
 Overhead: the host time spent inside the policy's calls (plan, per-level step, keep_drafting, finalize, observe,
-i.e. deciding the tree shape, SAGE_SPEC §9 "tree-update time") is summed in ``last_policy_s``.  On a CPU it is the policy's compute; on CUDA the launch time of its kernels, which
+i.e. deciding the tree shape, the paper's "tree update" time) is summed in ``last_policy_s``.  On a CPU it is the policy's compute; on CUDA the launch time of its kernels, which
 run asynchronously (a per-call synchronisation would distort the timing it reports).
 
 A policy with ``wants_cost`` (SAGE, ``node_budget="auto"``) also gets the round cost measured on this device
@@ -34,11 +34,11 @@ import torch
 
 from ..core.cost import RoundCost
 from ..core.expand import Frontier, new_pool
-from ..core.policies import TreePolicy
-from ..core.tree import ancestor_mask
+from ..core.policies import PolicyState, TreePolicy
+from ..core.tree import DraftTree, ancestor_mask
 from ..core.verify import VerifyResult, greedy_verify, process_logits, sample_tokens, sample_verify
-from .adapters import GenRequest, ModelAdapter
 from .kv import SeqState
+from .lm import EngineModel, GenRequest
 from .profile import measure_round_cost
 
 __all__ = ["SamplingParams", "GenOutput", "RoundLog", "SpecEngine"]
@@ -83,11 +83,11 @@ class SpecEngine:
     """Speculative decoding with a separate draft model, or plain decoding.
 
     Args:
-        target: target model adapter.
-        draft: draft model adapter (same tokenizer); None for plain decoding only.
+        target: the target model (:class:`~.lm.EngineModel`).
+        draft: the draft model (same tokenizer); None for plain decoding only.
     """
 
-    def __init__(self, target: ModelAdapter, draft: ModelAdapter | None = None) -> None:
+    def __init__(self, target: EngineModel, draft: EngineModel | None = None) -> None:
         self.target = target
         self.draft = draft
         self.device = target.device
@@ -214,107 +214,124 @@ class SpecEngine:
 
     # ------------------------------------------------------------------------------------------
     def _decode_spec(self, policy: TreePolicy, tstate, dstate, roots, ids, outputs, params, gen, cost=None) -> None:
-        dev = self.device
-        n_nodes = policy.pool_capacity - 1
-        bsz = len(ids)
-        pstate = policy.init_state(bsz, dev)
-        pending = roots[:, None].clone()  # [B, Lp] tokens the draft has not processed (root last)
-        pend_len = torch.ones(bsz, dtype=torch.int64, device=dev)
-        temperature = torch.full((bsz,), float(params.temperature), device=dev)
-        while ids:
-            bsz = len(ids)
-            # 1. draft catch-up ---------------------------------------------------------------
-            q = int(pend_len.max())
-            ar = torch.arange(q, device=dev)
-            qv = ar[None] < pend_len[:, None]
-            s0 = dstate.num_slots
-            causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril().expand(bsz, q, q)
-            logits = self.draft.forward(
-                dstate, pending[:, :q], dstate.next_pos[:, None] + ar, dstate.attention_mask(causal, qv)
-            )
-            dstate.commit(torch.where(qv, s0 + ar, -1))
-            dstate.next_pos += pend_len
-            root_logprobs = torch.log_softmax(
-                logits.gather(1, (pend_len - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))[:, 0], -1
-            )
-            root_slot = s0 + pend_len - 1
-            # 2. tree expansion --------------------------------------------------------------
-            plan = policy.plan(pstate, root_logprobs)
-            pool, frontier = new_pool(roots, policy.pool_capacity, policy.k)
-            slot_of = torch.full((bsz, policy.pool_capacity + 1), -1, dtype=torch.int64, device=dev)
-            slot_of[:, 0] = root_slot
-            logprobs = root_logprobs[:, None]
-            forwards = 1
-            for level in range(1, policy.max_depth + 1):
-                frontier = policy.step(plan, pool, frontier, logprobs, level)
-                if level == policy.max_depth:
-                    break
-                if cost is not None and not bool(policy.keep_drafting(pool, level, cost.round_ms(forwards, n_nodes))):
-                    break
-                width = int((frontier.idx >= 0).sum(1).max())
-                if width == 0:
-                    break
-                frontier = Frontier(frontier.idx[:, :width])  # drop all-padding columns
-                fidx, fvalid = frontier.idx, frontier.valid
-                extra = self._ancestor_slots(pool, slot_of, fidx, level, dstate.num_slots)
-                s1 = dstate.num_slots
-                eye = torch.eye(width, dtype=torch.bool, device=dev).expand(bsz, width, width)
-                logits = self.draft.forward(
-                    dstate,
-                    pool.tokens.gather(1, fidx.clamp(min=0)),
-                    (dstate.next_pos - 1 + level)[:, None].expand(-1, width),
-                    dstate.attention_mask(eye, fvalid, extra),
-                )
-                slot_of.scatter_(
-                    1,
-                    torch.where(fvalid, fidx, policy.pool_capacity),
-                    torch.where(fvalid, s1 + torch.arange(width, device=dev), -1),
-                )
-                logprobs = torch.log_softmax(logits, -1)
-                forwards += 1
+        """Speculative rounds until every request stops: catch-up, expansion, verification, commit."""
+        batch = _SpecBatch.start(policy, roots, ids, params, self.device)
+        while batch.ids:
+            root_logprobs, root_slot = self._catch_up(dstate, batch)
+            plan = policy.plan(batch.pstate, root_logprobs)
+            pool, slot_of, forwards = self._expand(policy, plan, batch.roots, root_logprobs, root_slot, dstate, cost)
+            n_nodes = policy.pool_capacity - 1
             tree = policy.finalize(plan, pool, cost.round_ms(forwards, n_nodes) if cost is not None else None)
-            n = int(tree.num_nodes.max())
-            # 3. target verification ---------------------------------------------------------
-            tokens, parents, depths = tree.tokens[:, :n], tree.parents[:, :n], tree.depths[:, :n]
-            valid = tree.valid()[:, :n]
-            t0 = tstate.num_slots
-            mask = tstate.attention_mask(ancestor_mask(parents, tree.max_depth), valid)
-            tlogits = self.target.forward(tstate, tokens, tstate.next_pos[:, None] + depths.clamp(min=0), mask)
-            trimmed = tree.narrow(n)
-            if params.temperature <= 0:
-                res: VerifyResult = greedy_verify(trimmed, tlogits)
-            else:
-                top_k, top_p = self._filters(params, bsz)
-                res = sample_verify(trimmed, tlogits, temperature, top_k, top_p, gen)
-            # 4. commit -----------------------------------------------------------------------
-            acc = res.accepted_nodes  # [B, D+1] root-first
-            tstate.commit(torch.where(acc >= 0, t0 + acc, -1))
-            tstate.next_pos += res.num_accepted + 1
-            dslot = slot_of.gather(1, trimmed.source.gather(1, acc.clamp(min=0)))
-            dslot = torch.where(acc >= 0, dslot, -1)
-            fed = (dslot >= 0) & (torch.arange(acc.shape[1], device=dev)[None] >= 1)
-            dstate.commit(torch.where(fed, dslot, -1))
-            n_fed = fed.sum(1)
-            dstate.next_pos += n_fed
-            # pending = accepted draft tokens the draft has not processed, then the bonus
-            d1 = acc.shape[1]
-            emitted = res.emitted  # [B, D+1]: accepted drafts then bonus, -1 pad
-            src = (n_fed[:, None] + torch.arange(d1, device=dev)[None]).clamp(max=d1 - 1)
-            pend_len = res.num_accepted - n_fed + 1
-            pending = torch.where(torch.arange(d1, device=dev)[None] < pend_len[:, None], emitted.gather(1, src), -1)
-            pstate = policy.observe(pstate, plan, trimmed, acc, res.num_accepted, pool)
-            self._log_round(outputs, ids, plan, trimmed, res, forwards)
-            active = self._emit(outputs, ids, emitted, res.num_accepted + 1, params)
-            roots = res.bonus
+            tree, res, t0 = self._verify(tree, tstate, batch, params, gen)
+            self._commit(tstate, dstate, batch, tree, res, slot_of, t0)
+            batch.pstate = policy.observe(batch.pstate, plan, tree, res.accepted_nodes, res.num_accepted, pool)
+            self._log_round(outputs, batch.ids, plan, tree, res, forwards)
+            active = self._emit(outputs, batch.ids, res.emitted, res.num_accepted + 1, params)
+            batch.roots = res.bonus
             if not all(active):
-                rows = _rows(active, dev)
+                rows = _rows(active, self.device)
                 tstate.select(rows)
                 dstate.select(rows)
-                pstate = pstate.index(rows)
-                roots, pending, pend_len, temperature = roots[rows], pending[rows], pend_len[rows], temperature[rows]
-                ids = [rid for rid, a in zip(ids, active) if a]
+                batch.select(rows, active)
             tstate.compact()
             dstate.compact()
+
+    def _catch_up(self, dstate: SeqState, batch: _SpecBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Phase 1: one ragged draft forward over each request's pending tokens (root last).
+
+        Returns ``(root_logprobs [B, V], root_slot [B])``: the draft's distribution after the root and the root's
+        draft KV slot.
+        """
+        dev, bsz = self.device, len(batch.ids)
+        q = int(batch.pend_len.max())
+        ar = torch.arange(q, device=dev)
+        qv = ar[None] < batch.pend_len[:, None]
+        s0 = dstate.num_slots
+        causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril().expand(bsz, q, q)
+        logits = self.draft.forward(
+            dstate, batch.pending[:, :q], dstate.next_pos[:, None] + ar, dstate.attention_mask(causal, qv)
+        )
+        dstate.commit(torch.where(qv, s0 + ar, -1))
+        dstate.next_pos += batch.pend_len
+        last = (batch.pend_len - 1)[:, None, None].expand(-1, 1, logits.shape[-1])
+        return torch.log_softmax(logits.gather(1, last)[:, 0], -1), s0 + batch.pend_len - 1
+
+    def _expand(self, policy, plan, roots, root_logprobs, root_slot, dstate: SeqState, cost: RoundCost | None):
+        """Phase 2: the policy's levels, one batched draft forward per level over the frontier.
+
+        Returns ``(pool, slot_of [B, P+1], forwards)``: the round's pool, each pool node's draft KV slot (-1 if the
+        draft never processed it) and the draft forwards of the round (catch-up included).
+        """
+        dev, bsz = self.device, roots.shape[0]
+        n_nodes = policy.pool_capacity - 1
+        pool, frontier = new_pool(roots, policy.pool_capacity, policy.k)
+        slot_of = torch.full((bsz, policy.pool_capacity + 1), -1, dtype=torch.int64, device=dev)
+        slot_of[:, 0] = root_slot
+        logprobs = root_logprobs[:, None]
+        forwards = 1
+        for level in range(1, policy.max_depth + 1):
+            frontier = policy.step(plan, pool, frontier, logprobs, level)
+            if level == policy.max_depth:
+                break
+            if cost is not None and not bool(policy.keep_drafting(pool, level, cost.round_ms(forwards, n_nodes))):
+                break
+            width = int((frontier.idx >= 0).sum(1).max())
+            if width == 0:
+                break
+            frontier = Frontier(frontier.idx[:, :width])  # drop all-padding columns
+            fidx, fvalid = frontier.idx, frontier.valid
+            extra = self._ancestor_slots(pool, slot_of, fidx, level, dstate.num_slots)
+            s1 = dstate.num_slots
+            eye = torch.eye(width, dtype=torch.bool, device=dev).expand(bsz, width, width)
+            logits = self.draft.forward(
+                dstate,
+                pool.tokens.gather(1, fidx.clamp(min=0)),
+                (dstate.next_pos - 1 + level)[:, None].expand(-1, width),
+                dstate.attention_mask(eye, fvalid, extra),
+            )
+            slot_of.scatter_(
+                1,
+                torch.where(fvalid, fidx, policy.pool_capacity),
+                torch.where(fvalid, s1 + torch.arange(width, device=dev), -1),
+            )
+            logprobs = torch.log_softmax(logits, -1)
+            forwards += 1
+        return pool, slot_of, forwards
+
+    def _verify(self, tree: DraftTree, tstate: SeqState, batch: _SpecBatch, params: SamplingParams, gen):
+        """Phase 3: one target forward over ``[root, drafts...]`` at ``prefix + depth`` under the ancestor mask.
+
+        Returns ``(tree trimmed to its widest request, VerifyResult, first target KV slot of the tree)``.
+        """
+        n = int(tree.num_nodes.max())
+        tokens, parents, depths = tree.tokens[:, :n], tree.parents[:, :n], tree.depths[:, :n]
+        t0 = tstate.num_slots
+        mask = tstate.attention_mask(ancestor_mask(parents, tree.max_depth), tree.valid()[:, :n])
+        logits = self.target.forward(tstate, tokens, tstate.next_pos[:, None] + depths.clamp(min=0), mask)
+        trimmed = tree.narrow(n)
+        if params.temperature <= 0:
+            return trimmed, greedy_verify(trimmed, logits), t0
+        top_k, top_p = self._filters(params, len(batch.ids))
+        return trimmed, sample_verify(trimmed, logits, batch.temperature, top_k, top_p, gen), t0
+
+    def _commit(self, tstate, dstate, batch: _SpecBatch, tree: DraftTree, res: VerifyResult, slot_of, t0: int) -> None:
+        """Phase 4: commit the accepted path's target KV rows and the draft rows of accepted nodes it already
+        processed; the accepted tokens it did not process, then the bonus, become its pending tokens."""
+        dev = self.device
+        acc = res.accepted_nodes  # [B, D+1] root-first
+        tstate.commit(torch.where(acc >= 0, t0 + acc, -1))
+        tstate.next_pos += res.num_accepted + 1
+        dslot = slot_of.gather(1, tree.source.gather(1, acc.clamp(min=0)))
+        dslot = torch.where(acc >= 0, dslot, -1)
+        fed = (dslot >= 0) & (torch.arange(acc.shape[1], device=dev)[None] >= 1)
+        dstate.commit(torch.where(fed, dslot, -1))
+        n_fed = fed.sum(1)
+        dstate.next_pos += n_fed
+        d1 = acc.shape[1]
+        src = (n_fed[:, None] + torch.arange(d1, device=dev)[None]).clamp(max=d1 - 1)
+        batch.pend_len = res.num_accepted - n_fed + 1
+        keep = torch.arange(d1, device=dev)[None] < batch.pend_len[:, None]
+        batch.pending = torch.where(keep, res.emitted.gather(1, src), -1)
 
     @staticmethod
     def _ancestor_slots(pool, slot_of: torch.Tensor, fidx: torch.Tensor, level: int, num_slots: int) -> torch.Tensor:
@@ -343,6 +360,45 @@ class SpecEngine:
         for rid, (tau, nodes, dep, a, ra, pd, pw) in zip(ids, zip(*cols)):
             outputs[rid].rounds.append(RoundLog(tau, nodes, dep, a, ra, pd, pw, forwards))
             outputs[rid].target_forwards += 1
+
+
+@dataclass(slots=True)
+class _SpecBatch:
+    """The live requests of a speculative batch and their per-request rows (``[B]`` / ``[B, L]``).
+
+    Attributes:
+        ids: output index of each live request.
+        roots: ``[B]`` the next round's root token (the last bonus).
+        pending: ``[B, L]`` tokens the draft has not processed yet (root last), -1 padding.
+        pend_len: ``[B]`` number of pending tokens.
+        temperature: ``[B]`` sampling temperature.
+        pstate: the tree policy's per-request state.
+    """
+
+    ids: list[int]
+    roots: torch.Tensor
+    pending: torch.Tensor
+    pend_len: torch.Tensor
+    temperature: torch.Tensor
+    pstate: PolicyState
+
+    @staticmethod
+    def start(policy: TreePolicy, roots: torch.Tensor, ids: list[int], params: SamplingParams, device) -> _SpecBatch:
+        bsz = len(ids)
+        return _SpecBatch(
+            ids=list(ids),
+            roots=roots,
+            pending=roots[:, None].clone(),
+            pend_len=torch.ones(bsz, dtype=torch.int64, device=device),
+            temperature=torch.full((bsz,), float(params.temperature), device=device),
+            pstate=policy.init_state(bsz, device),
+        )
+
+    def select(self, rows: torch.Tensor, active: list[bool]) -> None:
+        """Keep the rows ``rows`` (the requests still ``active``)."""
+        self.ids = [rid for rid, a in zip(self.ids, active) if a]
+        self.roots, self.pending, self.pend_len = self.roots[rows], self.pending[rows], self.pend_len[rows]
+        self.temperature, self.pstate = self.temperature[rows], self.pstate.index(rows)
 
 
 class _PolicyClock:

@@ -16,6 +16,7 @@ def progress_bar(*args, **kwargs):
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm is a bench dependency
+
         class _Null:
             def __init__(self, *a, **k):
                 pass

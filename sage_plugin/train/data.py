@@ -16,80 +16,35 @@ No other bundled prompt set (GSM8K) is used either, so ``sage bench`` runs on pr
 from __future__ import annotations
 
 import ast
-import gzip
 import logging
 import random
-import sysconfig
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..data.prompts import HUMANEVAL_PREFIX, HUMANEVAL_SUFFIX, load_prompts
+from .corpus import PYTHON_DOC_DIR, python_doc_files, stdlib_files, stdlib_modules, text_documents
+from .instructions import instruction_prompts
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["HELD_OUT_DATASETS", "PYTHON_DOC_DIR", "stdlib_files", "stdlib_modules", "python_doc_files",
-           "text_documents", "chat_prompts"]
+__all__ = [
+    "HELD_OUT_DATASETS",
+    "PYTHON_DOC_DIR",
+    "stdlib_files",
+    "stdlib_modules",
+    "python_doc_files",
+    "text_documents",
+    "chat_prompts",
+]
 
 HELD_OUT_DATASETS: tuple[str, ...] = ("mt_bench", "humaneval")
 """Bundled prompt sets reserved for evaluation: never used to build training data."""
 
-PYTHON_DOC_DIR = Path("/usr/share/doc/python3.11")
-
-_DOC_SKIP = ("changelog", "news", "history", "acks", "test_results", "pybench", "copyright", "readme.maintainers")
-
-
-def stdlib_files(stdlib: str | Path | None = None) -> list[Path]:
-    """The interpreter's stdlib ``.py`` files (``site-packages``/``dist-packages`` excluded), sorted."""
-    root = Path(stdlib or sysconfig.get_paths()["stdlib"])
-    out = []
-    for p in root.rglob("*.py"):
-        parts = p.relative_to(root).parts
-        if any(x in ("site-packages", "dist-packages", "__pycache__") for x in parts):
-            continue
-        if p.is_file():
-            out.append(p)
-    return sorted(out)
-
-
-def python_doc_files(root: str | Path = PYTHON_DOC_DIR) -> list[Path]:
-    """reST/text files of Debian's ``python3.11-doc`` (also ``.gz``); empty when the package is absent."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    out = []
-    for p in root.rglob("*"):
-        name = p.name.lower()
-        base = name[:-3] if name.endswith(".gz") else name
-        if not p.is_file() or not base.endswith((".rst", ".txt")):
-            continue
-        if any(base.startswith(s) for s in _DOC_SKIP):
-            continue
-        out.append(p)
-    return sorted(out)
-
-
-def _read_text(path: Path) -> str:
-    try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rt", encoding="utf-8", errors="replace") as fh:
-                return fh.read()
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:  # unreadable file: skip
-        logger.warning("skipping %s: %s", path, exc)
-        return ""
-
-
-def text_documents(seed: int, stdlib: str | Path | None = None, doc_root: str | Path = PYTHON_DOC_DIR):
-    """(name, text) of every stdlib source and python3.11-doc file, in a seeded shuffled order."""
-    files = stdlib_files(stdlib) + python_doc_files(doc_root)
-    random.Random(seed).shuffle(files)
-    for f in files:
-        text = _read_text(f)
-        if text.strip():
-            yield str(f), text
-
-
 # ----- chat prompts (training only; never MT-Bench / HumanEval) -------------------------------------------------
 
+# Templates and word lists, kept compact (the formatter would put every item on a line of its own).
+# fmt: off
 _GENERAL_TEMPLATES = [
     "Write a short blog post about {t}.",
     "Explain {t} to a high-school student.",
@@ -196,10 +151,10 @@ _MATH_TEMPLATES = [
     "What is {a}{b}% of {c}{d}0? Explain how you calculate it.",
 ]
 
+# fmt: on
+
 
 def _heldout_messages() -> set[str]:
-    from sage_plugin.bench.prompts import load_prompts
-
     out: set[str] = set()
     for ds in HELD_OUT_DATASETS:
         for p in load_prompts(ds):
@@ -207,26 +162,8 @@ def _heldout_messages() -> set[str]:
     return out
 
 
-def stdlib_modules(stdlib: str | Path | None = None, shuffle_seed: int | None = None) -> Iterator[tuple[str, ast.Module]]:
-    """(source, parsed module) of each stdlib file outside test directories, lazily; unparseable files skipped.
-
-    Files come in :func:`stdlib_files` order, or shuffled by ``random.Random(shuffle_seed)`` when it is given.
-    """
-    files = [f for f in stdlib_files(stdlib) if not {"test", "tests", "idle_test"} & set(f.parts)]
-    if shuffle_seed is not None:
-        random.Random(shuffle_seed).shuffle(files)
-    for f in files:
-        src = _read_text(f)
-        try:
-            yield src, ast.parse(src)
-        except (SyntaxError, ValueError):
-            continue
-
-
 def _stdlib_function_prompts(seed: int, stdlib: str | Path | None = None) -> Iterator[str]:
     """Prompts made from documented stdlib functions: HumanEval-style completion, explanation, re-implementation."""
-    from sage_plugin.bench.prompts import HUMANEVAL_PREFIX, HUMANEVAL_SUFFIX
-
     kind = 0
     for src, tree in stdlib_modules(stdlib, shuffle_seed=seed + 17):
         lines = src.splitlines()
@@ -271,8 +208,6 @@ def chat_prompts(n: int, seed: int = 0, stdlib: str | Path | None = None) -> lis
     """
     if n <= 0:
         return []
-    from .instructions import instruction_prompts
-
     rng = random.Random(seed)
     general = [t.format(t=topic) for t in _GENERAL_TEMPLATES for topic in _TOPICS]
     rng.shuffle(general)
@@ -296,9 +231,25 @@ def chat_prompts(n: int, seed: int = 0, stdlib: str | Path | None = None) -> lis
         "stdlib": _stdlib_function_prompts(seed, stdlib),
         "instruction": instruction_prompts(seed, stdlib),
     }
-    phases = [(min(n, MIX_V1_PROMPTS), ["general", "stdlib", "general", "roleplay", "math", "code", "general",
-                                        "stdlib", "math", "general", "stdlib"]),
-              (n, ["instruction", "instruction", "stdlib", "instruction", "instruction", "general"])]
+    phases = [
+        (
+            min(n, MIX_V1_PROMPTS),
+            [
+                "general",
+                "stdlib",
+                "general",
+                "roleplay",
+                "math",
+                "code",
+                "general",
+                "stdlib",
+                "math",
+                "general",
+                "stdlib",
+            ],
+        ),
+        (n, ["instruction", "instruction", "stdlib", "instruction", "instruction", "general"]),
+    ]
     held_out = _heldout_messages()
     seen: set[str] = set()
     out: list[str] = []

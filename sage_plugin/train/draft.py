@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from sage_plugin.models import ensure_smollm2, load_tokenizer
+
 from .common import resolve_device
 from .data import HELD_OUT_DATASETS, chat_prompts, python_doc_files, stdlib_files
 from .evaluate import chain_tau, evaluate_draft
@@ -55,8 +57,6 @@ __all__ = [
 
 def train_draft(args) -> int:
     """Run labels -> train -> export -> evaluate as configured by :func:`add_train_args`; returns 0."""
-    from sage_plugin.models import ensure_smollm2, load_tokenizer
-
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
@@ -82,17 +82,29 @@ def train_draft(args) -> int:
     if step < args.steps or args.no_export:
         return 0
     export_dir = Path(args.export_dir) if args.export_dir else out / "draft"
-    export_draft(out / CKPT_NAME, export_dir, target_dir=target_dir, evaluate=not args.no_eval,
-                 eval_limit=args.eval_limit or None, eval_gen_tokens=args.eval_gen_tokens, device=device,
-                 max_mb=args.max_export_mb, progress=not args.no_progress, cache_dir=args.eval_cache)
+    export_draft(
+        out / CKPT_NAME,
+        export_dir,
+        target_dir=target_dir,
+        evaluate=not args.no_eval,
+        eval_limit=args.eval_limit or None,
+        eval_gen_tokens=args.eval_gen_tokens,
+        device=device,
+        max_mb=args.max_export_mb,
+        progress=not args.no_progress,
+        cache_dir=args.eval_cache,
+    )
     return 0
 
 
 def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``train-draft`` options to ``parser``.  "auto" defaults depend on the device (CPU: small)."""
     g = parser.add_argument_group("run")
-    g.add_argument("--out", default=str(Path.home() / ".cache" / "sage_plugin" / "draft-train"),
-                   help="run directory: labels/, gen/, ckpt.pt, train_log.jsonl, draft/ (default %(default)s)")
+    g.add_argument(
+        "--out",
+        default=str(Path.home() / ".cache" / "sage_plugin" / "draft-train"),
+        help="run directory: labels/, gen/, ckpt.pt, train_log.jsonl, draft/ (default %(default)s)",
+    )
     g.add_argument("--resume", action="store_true", help="continue DIR/ckpt.pt exactly (model/data flags come from it)")
     g.add_argument("--target", default=None, help="HF target dir (default: SmolLM2-135M-Instruct, converted once)")
     g.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda")
@@ -101,16 +113,28 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     g = parser.add_argument_group("data and labels")
     g.add_argument("--seq-len", type=int, default=256, help="tokens per training window (default %(default)s)")
-    g.add_argument("--text-tokens", type=int, default=None,
-                   help="stdlib/doc tokens to label (auto: 12M on CUDA = whole corpus, 500k on CPU)")
-    g.add_argument("--gen-prompts", type=int, default=None,
-                   help="chat prompts the target answers greedily (auto: 6000 on CUDA, 64 on CPU)")
+    g.add_argument(
+        "--text-tokens",
+        type=int,
+        default=None,
+        help="stdlib/doc tokens to label (auto: 12M on CUDA = whole corpus, 500k on CPU)",
+    )
+    g.add_argument(
+        "--gen-prompts",
+        type=int,
+        default=None,
+        help="chat prompts the target answers greedily (auto: 6000 on CUDA, 64 on CPU)",
+    )
     g.add_argument("--gen-max-new-tokens", type=int, default=256, help="answer length cap (default %(default)s)")
     g.add_argument("--gen-batch", type=int, default=None, help="generation batch (auto: 256 CUDA, 16 CPU)")
     g.add_argument("--topk", type=int, default=8, help="target top-k ids/log-probs stored per position")
     g.add_argument("--label-batch", type=int, default=None, help="windows per target forward (auto: 64 / 4)")
-    g.add_argument("--label-dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="target precision for labels (bfloat16 only used on CUDA)")
+    g.add_argument(
+        "--label-dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="target precision for labels (bfloat16 only used on CUDA)",
+    )
     g.add_argument("--shard-windows", type=int, default=128, help="windows per text label shard")
     g.add_argument("--val-windows", type=int, default=32, help="held-out windows per source for periodic validation")
     g.add_argument("--chat-repeat", type=int, default=2, help="weight of target-answer windows in the training mix")
@@ -121,11 +145,19 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--heads", type=int, default=4)
     g.add_argument("--kv-heads", type=int, default=None, help="default: --heads")
     g.add_argument("--intermediate", type=int, default=1024)
-    g.add_argument("--head-vocab", type=int, default=8192,
-                   help="train the output head over the N most frequent target labels (0 = full vocabulary)")
-    g.add_argument("--init-embeddings", default="random", choices=["random", "pca"],
-                   help="random (HF init, default) or pca: the target's embeddings projected on their top principal"
-                        " directions (slower start in a short CPU test)")
+    g.add_argument(
+        "--head-vocab",
+        type=int,
+        default=8192,
+        help="train the output head over the N most frequent target labels (0 = full vocabulary)",
+    )
+    g.add_argument(
+        "--init-embeddings",
+        default="random",
+        choices=["random", "pca"],
+        help="random (HF init, default) or pca: the target's embeddings projected on their top principal"
+        " directions (slower start in a short CPU test)",
+    )
     g = parser.add_argument_group("training")
     g.add_argument("--steps", type=int, default=None, help="total optimizer steps (auto: 10000 CUDA, 3000 CPU)")
     g.add_argument("--stop-at", type=int, default=None, help="stop this invocation at STEP (schedule keeps --steps)")
@@ -144,13 +176,16 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--export-dir", default=None, help="HF draft output (default OUT/draft)")
     g.add_argument("--no-export", action="store_true")
     g.add_argument("--no-eval", action="store_true", help="export without measuring on MT-Bench/HumanEval")
-    g.add_argument("--eval-limit", type=int, default=None,
-                   help="prompts per held-out set, 0 = all (auto: 20 on CPU, all on CUDA)")
+    g.add_argument(
+        "--eval-limit", type=int, default=None, help="prompts per held-out set, 0 = all (auto: 20 on CPU, all on CUDA)"
+    )
     g.add_argument("--eval-gen-tokens", type=int, default=64)
     g.add_argument("--max-export-mb", type=float, default=32.0)
-    g.add_argument("--eval-cache", default=None,
-                   help="where the target's held-out continuations are cached (default ~/.cache/sage_plugin/"
-                        "eval_continuations)")
+    g.add_argument(
+        "--eval-cache",
+        default=None,
+        help="where the target's held-out continuations are cached (default ~/.cache/sage_plugin/eval_continuations)",
+    )
     for a in parser._actions:
         if a.dest not in ("help",):
             ARG_DEFAULTS.setdefault(a.dest, a.default)

@@ -14,6 +14,10 @@ from pathlib import Path
 
 import torch
 
+from sage_plugin.data.prompts import load_prompts, render_chat
+from sage_plugin.engines.lm import load_causal_lm
+from sage_plugin.models import DEFAULT_CACHE_DIR, draft_head_ids, load_tokenizer
+
 from .common import resolve_device
 from .data import HELD_OUT_DATASETS
 from .labels import greedy_generate, pad_and_eos
@@ -53,10 +57,20 @@ def _eval_cache_key(target_dir: Path, gen_tokens: int) -> str:
 
 
 @torch.inference_mode()
-def evaluate_draft(target_dir: str | Path, draft_dir: str | Path, *, datasets: Sequence[str] = HELD_OUT_DATASETS,
-                   limit: int | None = None, gen_tokens: int = 64, chain: int = 4,
-                   device: str | torch.device | None = None, batch_size: int | None = None,
-                   cache_dir: str | Path | None = None, progress: bool = False, verbose: bool = True) -> dict:
+def evaluate_draft(
+    target_dir: str | Path,
+    draft_dir: str | Path,
+    *,
+    datasets: Sequence[str] = HELD_OUT_DATASETS,
+    limit: int | None = None,
+    gen_tokens: int = 64,
+    chain: int = 4,
+    device: str | torch.device | None = None,
+    batch_size: int | None = None,
+    cache_dir: str | Path | None = None,
+    progress: bool = False,
+    verbose: bool = True,
+) -> dict:
     """Teacher-forced top-1 agreement and chain-of-``chain`` tau of a draft on held-out prompts.
 
     For each prompt (``limit`` per dataset, default all) the target greedily generates ``gen_tokens`` tokens
@@ -64,9 +78,6 @@ def evaluate_draft(target_dir: str | Path, draft_dir: str | Path, *, datasets: S
     that predicts a continuation token, the draft's argmax is compared with the target's argmax.  tau is computed
     from that match sequence with :func:`chain_tau` (tokens per target step, bonus included).
     """
-    from sage_plugin.bench.prompts import load_prompts, render_chat
-    from sage_plugin.models import DEFAULT_CACHE_DIR, draft_head_ids, load_causal_lm, load_tokenizer
-
     target_dir, draft_dir = Path(target_dir), Path(draft_dir)
     dev = resolve_device(str(device) if device is not None else "auto")
     batch_size = batch_size or (64 if dev.type == "cuda" else 8)
@@ -89,8 +100,17 @@ def evaluate_draft(target_dir: str | Path, draft_dir: str | Path, *, datasets: S
         conts: dict[str, list[int]] = torch.load(cpath, weights_only=True) if cpath.is_file() else {}
         missing = [i for i, p in enumerate(prompts) if p.id not in conts]
         if missing:
-            new = greedy_generate(target, [ids[i] for i in missing], gen_tokens, batch_size=batch_size, pad_id=pad,
-                                  eos_id=eos, device=dev, progress=progress, desc=f"target continuations {ds}")
+            new = greedy_generate(
+                target,
+                [ids[i] for i in missing],
+                gen_tokens,
+                batch_size=batch_size,
+                pad_id=pad,
+                eos_id=eos,
+                device=dev,
+                progress=progress,
+                desc=f"target continuations {ds}",
+            )
             for i, c in zip(missing, new, strict=False):
                 conts[prompts[i].id] = c
             torch.save(conts, cpath)
@@ -115,14 +135,24 @@ def evaluate_draft(target_dir: str | Path, draft_dir: str | Path, *, datasets: S
                 d["rare"] += int((~torch.isin(d_arg, head_ids)).sum())
         for kk in tot:
             tot[kk] += d[kk]
-        per[ds] = {"prompts": d["prompts"], "positions": d["n"], "agreement": d["hit"] / max(1, d["n"]),
-                   "tau": d["tokens"] / max(1, d["steps"])}
+        per[ds] = {
+            "prompts": d["prompts"],
+            "positions": d["n"],
+            "agreement": d["hit"] / max(1, d["n"]),
+            "tau": d["tokens"] / max(1, d["steps"]),
+        }
     result = {
-        "agreement": tot["hit"] / max(1, tot["n"]), "tau": tot["tokens"] / max(1, tot["steps"]), "chain": chain,
-        "gen_tokens": gen_tokens, "prompts": tot["prompts"], "positions": tot["n"], "per_dataset": per,
+        "agreement": tot["hit"] / max(1, tot["n"]),
+        "tau": tot["tokens"] / max(1, tot["steps"]),
+        "chain": chain,
+        "gen_tokens": gen_tokens,
+        "prompts": tot["prompts"],
+        "positions": tot["n"],
+        "per_dataset": per,
         "target_greedy_consistency": tot["selfmatch"] / max(1, tot["n"]),
         "rare_argmax_rate": (tot["rare"] / max(1, tot["n"])) if head_ids is not None else None,
-        "draft": str(draft_dir), "target": str(target_dir),
+        "draft": str(draft_dir),
+        "target": str(target_dir),
     }
     if verbose:
         print(json.dumps(result, indent=1))

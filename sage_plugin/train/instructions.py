@@ -26,8 +26,12 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from .corpus import stdlib_modules
+
 __all__ = ["CATEGORIES", "instruction_prompts"]
 
+# Word lists, kept compact (the formatter would put every item on a line of its own).
+# fmt: off
 _TOPICS = [
     "a weekend trip to Lisbon", "a new coffee shop in town", "learning to play the guitar", "a rainy day in Tokyo",
     "the first day at a new job", "a community garden", "a solar-powered car", "a lost wallet returned by a stranger",
@@ -188,6 +192,8 @@ _RECORD_INSTR = [
 _JOBS = ["a nurse", "an engineer", "a teacher", "a baker", "a pilot", "a lawyer", "a painter", "a farmer",
          "a programmer", "an architect", "a chemist", "a journalist"]
 
+# fmt: on
+
 
 def _writing(r: random.Random) -> str:
     return f"{r.choice(_WRITE_VERBS)} {r.choice(_FORMS)} about {r.choice(_TOPICS)}.{r.choice(_CONSTRAINTS)}"
@@ -203,15 +209,16 @@ def _reasoning(r: random.Random) -> str:
     if k == 0:
         a, b, c, _ = names
         rel = r.choice([("taller", "shortest"), ("older", "youngest"), ("faster", "slowest"), ("richer", "poorest")])
-        return (f"{a} is {rel[0]} than {b}, and {b} is {rel[0]} than {c}. Who is the {rel[1]}? "
-                f"Explain your reasoning.")
+        return f"{a} is {rel[0]} than {b}, and {b} is {rel[0]} than {c}. Who is the {rel[1]}? Explain your reasoning."
     if k == 1:
         pos = r.choice(["second", "third", "fourth", "last"])
         return f"In a race, you overtake the person in {pos} place. What is your position now? Explain step by step."
     if k == 2:
         side, d = r.choice(["left", "right", "behind"]), r.choice(["north", "south", "east", "west"])
-        return (f"In the morning the sun rises in the east. {names[0]} stands facing {d}. Is the sunrise on "
-                f"{names[0]}'s {side}? Explain your reasoning.")
+        return (
+            f"In the morning the sun rises in the east. {names[0]} stands facing {d}. Is the sunrise on "
+            f"{names[0]}'s {side}? Explain your reasoning."
+        )
     if k == 3:
         a, b = names[:2]
         rel = r.choice(["the father of", "the sister of", "the grandmother of", "the uncle of"])
@@ -222,8 +229,10 @@ def _reasoning(r: random.Random) -> str:
         n = r.randint(3, 100)
         return f"If today is {day}, what day of the week will it be in {n} days? Show your reasoning."
     n, m = r.randint(3, 12), r.randint(2, 6)
-    return (f"There are {n} people at a party and everyone shakes hands with everyone else once. Then {m} more "
-            f"people arrive and do the same. How many handshakes happen in total? Explain.")
+    return (
+        f"There are {n} people at a party and everyone shakes hands with everyone else once. Then {m} more "
+        f"people arrive and do the same. How many handshakes happen in total? Explain."
+    )
 
 
 def _math(r: random.Random) -> str:
@@ -242,8 +251,10 @@ def _math(r: random.Random) -> str:
     if k == 5:
         return f"What is the next number in the sequence {a}, {a + b}, {a + 2 * b}, {a + 3 * b}? Explain the rule."
     if k == 6:
-        return (f"In a class of {a + b + 10} students, {a} play football, {b} play tennis and {min(a, b) // 2} play "
-                f"both. How many play neither? Explain.")
+        return (
+            f"In a class of {a + b + 10} students, {a} play football, {b} play tennis and {min(a, b) // 2} play "
+            f"both. How many play neither? Explain."
+        )
     return f"A car uses {a // 4 + 4} litres of fuel per 100 km. How much fuel does it need for {c * 10} km?"
 
 
@@ -265,15 +276,15 @@ def _code(r: random.Random) -> str:
 def _records(r: random.Random) -> str:
     people = []
     for name in r.sample(_NAMES, r.randint(2, 4)):
-        people.append(f"{name} is {r.randint(19, 80)} years old, lives in {r.choice(_FILL['city'])} and works as "
-                      f"{r.choice(_JOBS)}.")
+        people.append(
+            f"{name} is {r.randint(19, 80)} years old, lives in {r.choice(_FILL['city'])} and works as "
+            f"{r.choice(_JOBS)}."
+        )
     return f"{r.choice(_RECORD_INSTR)}\n\n{' '.join(people)}"
 
 
 def _docstring_paragraphs(stdlib: str | Path | None) -> list[str]:
     """Prose paragraphs (300-1200 characters) of stdlib module, class and function docstrings, in file order."""
-    from .data import stdlib_modules
-
     out = []
     for _, tree in stdlib_modules(stdlib):
         for node in ast.walk(tree):
@@ -306,9 +317,16 @@ def instruction_prompts(seed: int, stdlib: str | Path | None = None) -> Iterator
             return _records(r)
         return f"{r.choice(_EXTRACT_INSTR)}\n\n{para}"
 
-    makers = {"writing": lambda: _writing(r), "roleplay": lambda: _roleplay(r), "reasoning": lambda: _reasoning(r),
-              "math": lambda: _math(r), "extraction": extraction, "knowledge": lambda: _knowledge(r),
-              "code": lambda: _code(r), "advice": lambda: _advice(r)}
+    makers = {
+        "writing": lambda: _writing(r),
+        "roleplay": lambda: _roleplay(r),
+        "reasoning": lambda: _reasoning(r),
+        "math": lambda: _math(r),
+        "extraction": extraction,
+        "knowledge": lambda: _knowledge(r),
+        "code": lambda: _code(r),
+        "advice": lambda: _advice(r),
+    }
     while True:
         for name in CATEGORIES:
             yield makers[name]()

@@ -20,13 +20,23 @@ from pathlib import Path
 
 import torch
 
+from sage_plugin.data.prompts import Prompt, render_chat
+from sage_plugin.engines.lm import load_causal_lm
+
 from .common import atomic_save, progress_bar
 from .data import chat_prompts, text_documents
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GEN_SHARD_PROMPTS", "LABEL_FORMAT", "pad_and_eos", "greedy_generate", "label_windows", "build_labels",
-           "LabelStore"]
+__all__ = [
+    "GEN_SHARD_PROMPTS",
+    "LABEL_FORMAT",
+    "pad_and_eos",
+    "greedy_generate",
+    "label_windows",
+    "build_labels",
+    "LabelStore",
+]
 
 GEN_SHARD_PROMPTS = 64  # prompts per generation shard (fixed: changing it would re-key the shards)
 LABEL_FORMAT = 1
@@ -44,14 +54,25 @@ def pad_and_eos(tokenizer) -> tuple[int | None, int | None]:
 
 
 @torch.inference_mode()
-def greedy_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, batch_size: int, pad_id: int,
-                    eos_id: int | Sequence[int] | None, device, progress: bool = False, desc: str = "generate"):
+def greedy_generate(
+    model,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    batch_size: int,
+    pad_id: int,
+    eos_id: int | Sequence[int] | None,
+    device,
+    progress: bool = False,
+    desc: str = "generate",
+):
     """Greedy continuations (token lists, cut after the first EOS) of ``prompts``; left-padded batches."""
     from transformers import GenerationConfig
 
     eos = [eos_id] if isinstance(eos_id, int) else list(eos_id or [])
-    gcfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-                            eos_token_id=eos or None, num_beams=1)
+    gcfg = GenerationConfig(
+        do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=eos or None, num_beams=1
+    )
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out: list[list[int]] = [[] for _ in prompts]
     bar = progress_bar(total=len(prompts), desc=desc, disable=not progress)
@@ -107,8 +128,6 @@ class _LazyTarget:
 
     def get(self):
         if self._model is None:
-            from sage_plugin.models import load_causal_lm
-
             t0 = time.time()
             self._model = load_causal_lm(self.target_dir, device=self.device)
             logger.info("loaded target %s in %.1fs", self.target_dir, time.time() - t0)
@@ -155,8 +174,9 @@ class _Throughput:
         return self.tokens / self.seconds if self.seconds > 0 else float("nan")
 
 
-def _label_and_save(target: _LazyTarget, windows: list[list[int]], path: Path, args, meta: dict,
-                    stats: _Throughput, bar) -> None:
+def _label_and_save(
+    target: _LazyTarget, windows: list[list[int]], path: Path, args, meta: dict, stats: _Throughput, bar
+) -> None:
     model = target.get()
     ids = torch.tensor(windows, dtype=torch.int32)
     tops, lps = [], []
@@ -178,8 +198,14 @@ def build_labels(args, tokenizer, target_dir: Path, out: Path, device: torch.dev
     label_dir.mkdir(parents=True, exist_ok=True)
     gen_dir.mkdir(parents=True, exist_ok=True)
     manifest = {
-        "format": LABEL_FORMAT, "target": str(target_dir), "vocab_size": len(tokenizer), "seq_len": args.seq_len,
-        "topk": args.topk, "seed": args.seed, "label_dtype": args.label_dtype, "shard_windows": args.shard_windows,
+        "format": LABEL_FORMAT,
+        "target": str(target_dir),
+        "vocab_size": len(tokenizer),
+        "seq_len": args.seq_len,
+        "topk": args.topk,
+        "seed": args.seed,
+        "label_dtype": args.label_dtype,
+        "shard_windows": args.shard_windows,
         "gen_max_new_tokens": args.gen_max_new_tokens,
     }
     mpath = label_dir / "manifest.json"
@@ -198,8 +224,6 @@ def build_labels(args, tokenizer, target_dir: Path, out: Path, device: torch.dev
     # (c) the target's own answers to chat prompts -> gen/gen_K.pt -> labels/chat_K.pt
     n_prompts = args.gen_prompts
     if n_prompts > 0:
-        from sage_plugin.bench.prompts import Prompt, render_chat
-
         n_shards = math.ceil(n_prompts / GEN_SHARD_PROMPTS)
         todo = []
         for k in range(n_shards):
@@ -212,26 +236,47 @@ def build_labels(args, tokenizer, target_dir: Path, out: Path, device: torch.dev
             todo.append((k, want))
         if todo:
             prompts = chat_prompts(n_prompts, seed=args.seed)
-            bar = progress_bar(total=sum(w for _, w in todo), desc="chat data (generate+label)", unit="prompt",
-                               disable=not progress)
+            bar = progress_bar(
+                total=sum(w for _, w in todo), desc="chat data (generate+label)", unit="prompt", disable=not progress
+            )
             lbar = progress_bar(total=0, disable=True)
             for k, want in todo:
                 msgs = prompts[k * GEN_SHARD_PROMPTS : k * GEN_SHARD_PROMPTS + want]
                 gpath = gen_dir / f"gen_{k:05d}.pt"
                 gen = torch.load(gpath, weights_only=True) if gpath.is_file() else None
                 if gen is None or gen.get("prompts") != msgs:
-                    ids = [render_chat(tokenizer, Prompt(id=str(i), dataset="train", messages=({"role": "user",
-                           "content": m},))) for i, m in enumerate(msgs)]
+                    ids = [
+                        render_chat(
+                            tokenizer, Prompt(id=str(i), dataset="train", messages=({"role": "user", "content": m},))
+                        )
+                        for i, m in enumerate(msgs)
+                    ]
                     t0 = time.time()
-                    conts = greedy_generate(target.get(), ids, args.gen_max_new_tokens, batch_size=args.gen_batch,
-                                            pad_id=pad, eos_id=eos, device=device)
+                    conts = greedy_generate(
+                        target.get(),
+                        ids,
+                        args.gen_max_new_tokens,
+                        batch_size=args.gen_batch,
+                        pad_id=pad,
+                        eos_id=eos,
+                        device=device,
+                    )
                     stats["gen"].add(sum(len(c) for c in conts), time.time() - t0)
-                    gen = {"prompts": msgs, "sequences": [torch.tensor(p + c, dtype=torch.int32)
-                                                          for p, c in zip(ids, conts, strict=False)]}
+                    gen = {
+                        "prompts": msgs,
+                        "sequences": [torch.tensor(p + c, dtype=torch.int32) for p, c in zip(ids, conts, strict=False)],
+                    }
                     atomic_save(gen, gpath)
                 windows = _cyclic_windows([s.tolist() for s in gen["sequences"]], args.seq_len)
-                _label_and_save(target, windows, label_dir / f"chat_{k:05d}.pt", args,
-                                {"source": "chat", "n_prompts": want}, stats["label"], lbar)
+                _label_and_save(
+                    target,
+                    windows,
+                    label_dir / f"chat_{k:05d}.pt",
+                    args,
+                    {"source": "chat", "n_prompts": want},
+                    stats["label"],
+                    lbar,
+                )
                 bar.update(want)
                 bar.set_postfix(gen_tok_s=f"{stats['gen'].rate:.1f}", label_tok_s=f"{stats['label'].rate:.0f}")
             bar.close()
@@ -241,31 +286,45 @@ def build_labels(args, tokenizer, target_dir: Path, out: Path, device: torch.dev
     if n_windows > 0:
         sw = args.shard_windows
         n_shards = math.ceil(n_windows / sw)
-        have = {k: _shard_rows(label_dir / f"text_{k:05d}.pt") for k in range(n_shards)
-                if (label_dir / f"text_{k:05d}.pt").is_file()}
+        have = {
+            k: _shard_rows(label_dir / f"text_{k:05d}.pt")
+            for k in range(n_shards)
+            if (label_dir / f"text_{k:05d}.pt").is_file()
+        }
         need = {k for k in range(n_shards) if have.get(k, -1) != min(sw, n_windows - k * sw)}
         if need:
             sep = tokenizer.get_vocab().get("<|endoftext|>", eos)  # document separator
             docs = text_documents(args.seed)
             toks = (tokenizer(text, add_special_tokens=False)["input_ids"] + [sep] for _, text in docs)
             windows_it = _windows_from_tokens(toks, args.seq_len)
-            bar = progress_bar(total=len(need) * sw * args.seq_len, desc="text labels", unit="tok",
-                               disable=not progress)
+            bar = progress_bar(
+                total=len(need) * sw * args.seq_len, desc="text labels", unit="tok", disable=not progress
+            )
             for k in range(n_shards):
                 want = min(sw, n_windows - k * sw)
                 chunk = [w for _, w in zip(range(want), windows_it, strict=False)]
                 if chunk and k in need:
-                    _label_and_save(target, chunk, label_dir / f"text_{k:05d}.pt", args,
-                                    {"source": "text"}, stats["label"], bar)
+                    _label_and_save(
+                        target, chunk, label_dir / f"text_{k:05d}.pt", args, {"source": "text"}, stats["label"], bar
+                    )
                 if len(chunk) < want:
                     logger.warning("text corpus exhausted after %d windows", k * sw + len(chunk))
                     break
             bar.close()
-    result = {"label_tok_s": stats["label"].rate, "labelled_tokens": stats["label"].tokens,
-              "gen_tok_s": stats["gen"].rate, "generated_tokens": stats["gen"].tokens}
+    result = {
+        "label_tok_s": stats["label"].rate,
+        "labelled_tokens": stats["label"].tokens,
+        "gen_tok_s": stats["gen"].rate,
+        "generated_tokens": stats["gen"].tokens,
+    }
     if stats["label"].tokens:
-        logger.info("label pass: %d tokens at %.0f tok/s; generation: %d tokens at %.1f tok/s",
-                    stats["label"].tokens, stats["label"].rate, stats["gen"].tokens, stats["gen"].rate)
+        logger.info(
+            "label pass: %d tokens at %.0f tok/s; generation: %d tokens at %.1f tok/s",
+            stats["label"].tokens,
+            stats["label"].rate,
+            stats["gen"].tokens,
+            stats["gen"].rate,
+        )
     return result
 
 
@@ -293,8 +352,11 @@ class LabelStore:
         self.val_index = torch.tensor(val, dtype=torch.long).view(-1, 2)
 
     def num_tokens(self, source: str | None = None) -> int:
-        return sum(int(sh["input_ids"].numel()) for sh, src in zip(self.shards, self.sources, strict=False)
-                   if source in (None, src))
+        return sum(
+            int(sh["input_ids"].numel())
+            for sh, src in zip(self.shards, self.sources, strict=False)
+            if source in (None, src)
+        )
 
     def batch(self, pairs: torch.Tensor) -> dict[str, torch.Tensor]:
         keys = ("input_ids", "topk_ids", "topk_logprobs")

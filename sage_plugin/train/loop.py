@@ -36,13 +36,37 @@ ARG_DEFAULTS: dict[str, Any] = {}
 default takes the checkpoint's value."""
 
 _ARCH_KEYS = ("layers", "hidden", "heads", "kv_heads", "intermediate", "head_vocab", "init_embeddings")
-_DATA_KEYS = ("seq_len", "topk", "seed", "label_dtype", "shard_windows", "gen_max_new_tokens", "val_windows",
-              "chat_repeat")
+_DATA_KEYS = (
+    "seq_len",
+    "topk",
+    "seed",
+    "label_dtype",
+    "shard_windows",
+    "gen_max_new_tokens",
+    "val_windows",
+    "chat_repeat",
+)
 
 
-_RUN_ONLY_KEYS = {"resume", "stop_at", "max_minutes", "no_progress", "threads", "device", "export_dir", "no_export",
-                  "no_eval", "labels_only", "out", "log_level", "command", "eval_limit", "eval_gen_tokens",
-                  "max_export_mb", "eval_cache"}
+_RUN_ONLY_KEYS = {
+    "resume",
+    "stop_at",
+    "max_minutes",
+    "no_progress",
+    "threads",
+    "device",
+    "export_dir",
+    "no_export",
+    "no_eval",
+    "labels_only",
+    "out",
+    "log_level",
+    "command",
+    "eval_limit",
+    "eval_gen_tokens",
+    "max_export_mb",
+    "eval_cache",
+}
 
 
 def resolve_defaults(args, device: torch.device) -> None:
@@ -205,8 +229,16 @@ def _build_model(args, state: dict | None, store: LabelStore, tokenizer, target_
     return model, keep, config
 
 
-def train(args, state: dict | None, out: Path, target_dir: Path, tokenizer, target_cfg: dict, label_stats: dict,
-          device: torch.device) -> int:
+def train(
+    args,
+    state: dict | None,
+    out: Path,
+    target_dir: Path,
+    tokenizer,
+    target_cfg: dict,
+    label_stats: dict,
+    device: torch.device,
+) -> int:
     """Train (or continue ``state``) up to ``--steps``/``--stop-at``/``--max-minutes``; returns the step reached.
 
     Writes ``out/ckpt.pt`` and ``out/train_log.jsonl`` and prints the training summary as JSON.
@@ -214,37 +246,59 @@ def train(args, state: dict | None, out: Path, target_dir: Path, tokenizer, targ
     store = LabelStore(out / "labels", args.val_windows, args.chat_repeat)
     if len(store.train_index) == 0:
         raise SystemExit("no training windows: raise --text-tokens / --gen-prompts")
-    logger.info("labels: %d chat + %d text tokens; %d training windows (chat x%d), %d validation windows",
-                store.num_tokens("chat"), store.num_tokens("text"), len(store.train_index), args.chat_repeat,
-                len(store.val_index))
+    logger.info(
+        "labels: %d chat + %d text tokens; %d training windows (chat x%d), %d validation windows",
+        store.num_tokens("chat"),
+        store.num_tokens("text"),
+        len(store.train_index),
+        args.chat_repeat,
+        len(store.val_index),
+    )
 
     model, keep, config = _build_model(args, state, store, tokenizer, target_cfg, target_dir)
     model.to(device).train()
     n_params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(_param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
-                            fused=device.type == "cuda")
+    opt = torch.optim.AdamW(
+        _param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda"
+    )
     step, epoch, pos, tokens_seen = 0, 0, 0, 0
     if state is not None:
         opt.load_state_dict(state["optim"])
         step, tokens_seen = state["step"], state["tokens_seen"]
         epoch, pos = state["cursor"]["epoch"], state["cursor"]["pos"]
         if state["cursor"].get("n_train") != len(store.train_index):
-            logger.warning("the training data changed since the checkpoint (%s -> %d windows)",
-                           state["cursor"].get("n_train"), len(store.train_index))
+            logger.warning(
+                "the training data changed since the checkpoint (%s -> %d windows)",
+                state["cursor"].get("n_train"),
+                len(store.train_index),
+            )
         _set_rng_state(state["rng"])
     amp = device.type == "cuda"
     log_path = out / "train_log.jsonl"
     ckpt_path = out / CKPT_NAME
 
     def save_ckpt():
-        atomic_save({
-            "step": step, "tokens_seen": tokens_seen, "model": model.state_dict(), "optim": opt.state_dict(),
-            "cursor": {"epoch": epoch, "pos": pos, "n_train": len(store.train_index)}, "rng": _rng_state(),
-            "args": {k: v for k, v in vars(args).items() if k != "func"}, "keep_ids": keep,
-            "config": config.to_dict(), "target_dir": str(target_dir), "label_stats": label_stats,
-            "data": {"chat_tokens": store.num_tokens("chat"), "text_tokens": store.num_tokens("text"),
-                     "chat_prompts": args.gen_prompts},
-        }, ckpt_path)
+        atomic_save(
+            {
+                "step": step,
+                "tokens_seen": tokens_seen,
+                "model": model.state_dict(),
+                "optim": opt.state_dict(),
+                "cursor": {"epoch": epoch, "pos": pos, "n_train": len(store.train_index)},
+                "rng": _rng_state(),
+                "args": {k: v for k, v in vars(args).items() if k != "func"},
+                "keep_ids": keep,
+                "config": config.to_dict(),
+                "target_dir": str(target_dir),
+                "label_stats": label_stats,
+                "data": {
+                    "chat_tokens": store.num_tokens("chat"),
+                    "text_tokens": store.num_tokens("text"),
+                    "chat_prompts": args.gen_prompts,
+                },
+            },
+            ckpt_path,
+        )
 
     perm = _epoch_perm(len(store.train_index), args.seed, epoch)
     stop_at = min(args.steps, args.stop_at) if args.stop_at else args.steps
@@ -288,9 +342,15 @@ def train(args, state: dict | None, out: Path, target_dir: Path, tokenizer, targ
         dt = time.time() - t0
         train_time += dt
         train_tokens += n_tok
-        rec = {"step": step, "loss": round(loss_v, 5), "ce": round(float(st["ce"]), 5), "lr": lr,
-               "acc": round(int(st["correct"]) / max(1, int(st["positions"])), 4),
-               "tok_s": round(train_tokens / max(train_time, 1e-9), 1), "tokens_seen": tokens_seen}
+        rec = {
+            "step": step,
+            "loss": round(loss_v, 5),
+            "ce": round(float(st["ce"]), 5),
+            "lr": lr,
+            "acc": round(int(st["correct"]) / max(1, int(st["positions"])), 4),
+            "tok_s": round(train_tokens / max(train_time, 1e-9), 1),
+            "tokens_seen": tokens_seen,
+        }
         if "kl" in st:
             rec["kl"] = round(float(st["kl"]), 5)
         if gnorm is not None:
@@ -306,8 +366,12 @@ def train(args, state: dict | None, out: Path, target_dir: Path, tokenizer, targ
             save_ckpt()
     bar.close()
     save_ckpt()
-    summary = {"step": step, "tokens_seen": tokens_seen, "train_tok_s": train_tokens / max(train_time, 1e-9),
-               **label_stats}
+    summary = {
+        "step": step,
+        "tokens_seen": tokens_seen,
+        "train_tok_s": train_tokens / max(train_time, 1e-9),
+        **label_stats,
+    }
     if len(store.val_index):
         summary.update(_validate(model, store, device, amp, args.batch_size))
     print(json.dumps({"stage": "train", **summary}, indent=1))

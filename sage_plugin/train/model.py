@@ -45,17 +45,31 @@ def llama_config(target_cfg: dict, args, vocab_size: int):
     """The draft's ``LlamaConfig``: size from ``args``, rope/norm/special tokens from the target's config."""
     from transformers import LlamaConfig
 
-    rope = target_cfg.get("rope_parameters") or {"rope_theta": target_cfg.get("rope_theta", 10000.0),
-                                                 "rope_type": "default"}
+    rope = target_cfg.get("rope_parameters") or {
+        "rope_theta": target_cfg.get("rope_theta", 10000.0),
+        "rope_type": "default",
+    }
     heads = args.heads
     return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=args.kv_heads or heads,
-        head_dim=args.hidden // heads, max_position_embeddings=target_cfg.get("max_position_embeddings", 8192),
-        rope_parameters=dict(rope), rms_norm_eps=target_cfg.get("rms_norm_eps", 1e-5), tie_word_embeddings=True,
-        bos_token_id=target_cfg.get("bos_token_id"), eos_token_id=target_cfg.get("eos_token_id"),
-        pad_token_id=target_cfg.get("pad_token_id"), hidden_act="silu", attention_bias=False, mlp_bias=False,
-        initializer_range=0.02, dtype="float32",
+        vocab_size=vocab_size,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=heads,
+        num_key_value_heads=args.kv_heads or heads,
+        head_dim=args.hidden // heads,
+        max_position_embeddings=target_cfg.get("max_position_embeddings", 8192),
+        rope_parameters=dict(rope),
+        rms_norm_eps=target_cfg.get("rms_norm_eps", 1e-5),
+        tie_word_embeddings=True,
+        bos_token_id=target_cfg.get("bos_token_id"),
+        eos_token_id=target_cfg.get("eos_token_id"),
+        pad_token_id=target_cfg.get("pad_token_id"),
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        initializer_range=0.02,
+        dtype="float32",
     )
 
 

@@ -18,8 +18,14 @@ def _repeat_reference(query, key, value, mask):
 
 
 @settings(max_examples=40, deadline=None)
-@given(b=st.integers(1, 3), kvh=st.integers(1, 3), g=st.integers(1, 4), q=st.integers(1, 6), s=st.integers(0, 9),
-       seed=st.integers(0, 2**16))
+@given(
+    b=st.integers(1, 3),
+    kvh=st.integers(1, 3),
+    g=st.integers(1, 4),
+    q=st.integers(1, 6),
+    s=st.integers(0, 9),
+    seed=st.integers(0, 2**16),
+)
 def test_grouped_matches_repeated_kv_with_random_masks(b, kvh, g, q, s, seed):
     gen = torch.Generator().manual_seed(seed)
     d = 8
@@ -35,8 +41,15 @@ def test_grouped_matches_repeated_kv_with_random_masks(b, kvh, g, q, s, seed):
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
 def test_llama_logits_equal_sdpa_with_padding_and_without_mask(kv_heads):
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=kv_heads, attn_implementation="sdpa")
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        attn_implementation="sdpa",
+    )
     model = LlamaForCausalLM(cfg).eval()
     ids = torch.randint(0, 64, (3, 11))
     pad = torch.ones_like(ids)

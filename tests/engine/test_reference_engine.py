@@ -14,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from sage_plugin.config import SageConfig
 from sage_plugin.core.policies import build_policy
-from sage_plugin.engines.adapters import GenRequest, TextAdapter
+from sage_plugin.engines.lm import GenRequest, TextModel
 from sage_plugin.engines.speculative import SamplingParams, SpecEngine
 
 POLICIES = ("sage", "eagle2", "static", "chain")
@@ -47,7 +47,7 @@ def engine() -> SpecEngine:
     with torch.no_grad():
         for p in draft.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.05 * p.abs().mean())
-    return SpecEngine(TextAdapter(target), TextAdapter(draft))
+    return SpecEngine(TextModel(target), TextModel(draft))
 
 
 def _requests(n: int) -> list[GenRequest]:
@@ -150,7 +150,7 @@ def test_round_cost_is_measured_once_per_batch_size(engine):
     sp = SamplingParams(max_new_tokens=8)
     fresh.generate(_requests(2), sp, pol)
     assert fresh.last_profile_s > 0
-    (key, cost), = fresh.round_costs.items()
+    ((key, cost),) = fresh.round_costs.items()
     assert key == (2, pol.pool_capacity - 1, pol.frontier_capacity)
     v = cost.verify_ms
     assert v.shape == (pol.pool_capacity,) and bool(torch.isfinite(v[:2]).all()) and bool((v[1:] >= v[:-1]).all())
@@ -196,13 +196,13 @@ def test_sage_cost_cut_stays_lossless_and_sizes_trees_to_the_cost(engine, batch)
 
 
 def test_restricted_draft_head_matches_full_head_on_its_ids_and_stays_lossless(engine):
-    """A draft adapter with ``head_ids`` returns the full model's logits on those ids, -inf elsewhere,
+    """A draft model with ``head_ids`` returns the full model's logits on those ids, -inf elsewhere,
     and speculative decoding with it still equals plain decoding."""
     from sage_plugin.engines.kv import SeqState
 
     draft_model = engine.draft.model
     head_ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(5))[: VOCAB // 2].sort().values
-    restricted = TextAdapter(draft_model, head_ids)
+    restricted = TextModel(draft_model, head_ids)
     req = _requests(1)[0]
     states = [SeqState.from_prefills([a.prefill(req)]) for a in (engine.draft, restricted)]
     new = torch.tensor([[3, 9, 27]])

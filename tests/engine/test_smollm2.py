@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sage_plugin.bench.prompts import mixed_text_prompts, render_chat
 from sage_plugin.config import SageConfig
 from sage_plugin.core.policies import build_policy
-from sage_plugin.engines.adapters import GenRequest, TextAdapter
+from sage_plugin.data.prompts import mixed_text_prompts, render_chat
+from sage_plugin.engines.lm import GenRequest, TextModel, load_causal_lm
 from sage_plugin.engines.speculative import SamplingParams, SpecEngine
-from sage_plugin.models import ensure_smollm2, load_causal_lm, load_tokenizer, truncated_draft
+from sage_plugin.models import ensure_smollm2, load_tokenizer, truncated_draft
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 def setup():
     target_dir = ensure_smollm2()
     tok = load_tokenizer(target_dir)
-    target = TextAdapter(load_causal_lm(target_dir))
+    target = TextModel(load_causal_lm(target_dir))
     reqs = [GenRequest(render_chat(tok, p), request_id=p.id) for p in mixed_text_prompts(20)]
     return target_dir, tok, target, reqs
 
@@ -41,7 +41,7 @@ def test_plain_decoding_matches_hf_generate(setup):
 def test_every_policy_lossless_batch4_perfect_draft(setup):
     _, tok, target, reqs = setup
     reqs = reqs[:8]
-    engine = SpecEngine(target, TextAdapter(target.model))
+    engine = SpecEngine(target, TextModel(target.model))
     sp = SamplingParams(max_new_tokens=24, stop_token_ids=(tok.eos_token_id,))
     ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
     for policy in ("sage", "eagle2", "static", "chain"):
@@ -57,7 +57,7 @@ def test_every_policy_lossless_batch4_perfect_draft(setup):
 
 def test_sage_and_static_lossless_batch1_standin_draft(setup):
     target_dir, tok, target, reqs = setup
-    engine = SpecEngine(target, TextAdapter(load_causal_lm(truncated_draft(target_dir, 4))))
+    engine = SpecEngine(target, TextModel(load_causal_lm(truncated_draft(target_dir, 4))))
     sp = SamplingParams(max_new_tokens=24, stop_token_ids=(tok.eos_token_id,))
     subset = reqs[:6]
     ref = {o.request_id: o.tokens for o in engine.generate(subset, sp, None)}
@@ -82,7 +82,7 @@ def test_bundled_draft_is_a_plain_hf_llama_and_is_lossless_and_accepted(setup):
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["vocab_size"] == target.vocab_size
     head = draft_head_ids(draft_dir)
     model = load_causal_lm(draft_dir)
-    engine = SpecEngine(target, TextAdapter(model, head))
+    engine = SpecEngine(target, TextModel(model, head))
     sp = SamplingParams(max_new_tokens=32, stop_token_ids=(tok.eos_token_id,))
     subset = reqs[:4]
     ref = {o.request_id: o.tokens for o in engine.generate(subset, sp, None)}

@@ -107,8 +107,16 @@ def test_from_mapping_converts_static_tree_lists():
 
 @pytest.mark.parametrize("section", [None, "sage"])
 def test_yaml_round_trip(tmp_path, section):
-    cfg = SageConfig(policy="eagle2", k=8, w_max=8, theta0=0.25, rounding="ceil", threshold_on="conditional",
-                     static_tree=((0,), (1,), (0, 0), (0, 0, 7)), prune_ratio_video=0.5)
+    cfg = SageConfig(
+        policy="eagle2",
+        k=8,
+        w_max=8,
+        theta0=0.25,
+        rounding="ceil",
+        threshold_on="conditional",
+        static_tree=((0,), (1,), (0, 0), (0, 0, 7)),
+        prune_ratio_video=0.5,
+    )
     data = cfg.to_dict()
     assert data["static_tree"] == [[0], [1], [0, 0], [0, 0, 7]]
     path = tmp_path / "cfg.yaml"

@@ -27,8 +27,9 @@ def controller_cases(draw):
     # high and low acceptance so that D_max moves both ways
     half = st.sampled_from([0.0, 0.0, 0.5])
     taus = [[float(draw(st.integers(0, 8))) + draw(half) for _ in range(rounds)] for _ in range(bsz)]
-    return dict(window=window, d_min=d_min, d_max=d_max, d_cap=d_cap, lo=lo, hi=hi, step=step, cooldown=cooldown,
-                taus=taus)
+    return dict(
+        window=window, d_min=d_min, d_max=d_max, d_cap=d_cap, lo=lo, hi=hi, step=step, cooldown=cooldown, taus=taus
+    )
 
 
 @settings(max_examples=120, deadline=None)
@@ -36,8 +37,14 @@ def controller_cases(draw):
 def test_history_update_matches_reference(case):
     w, taus = case["window"], case["taus"]
     bsz, rounds = len(taus), len(taus[0])
-    kw = dict(lo=case["lo"], hi=case["hi"], step=case["step"], d_min=case["d_min"], d_cap=case["d_cap"],
-              full_window_cooldown=case["cooldown"])
+    kw = dict(
+        lo=case["lo"],
+        hi=case["hi"],
+        step=case["step"],
+        d_min=case["d_min"],
+        d_cap=case["d_cap"],
+        full_window_cooldown=case["cooldown"],
+    )
     state = history_init(bsz, w, case["d_max"])
     refs = [history_init_ref(case["d_max"]) for _ in range(bsz)]
     last_change = [None] * bsz
@@ -51,7 +58,7 @@ def test_history_update_matches_reference(case):
             assert int(state.since_change[b]) == refs[b].since_change
             held = min(int(state.seen[b]), w)
             assert held == len(refs[b].window)
-            assert state.window[b, w - held:].tolist() == refs[b].window
+            assert state.window[b, w - held :].tolist() == refs[b].window
             # invariants
             assert case["d_min"] <= d <= case["d_cap"]
             if d != int(before[b]):
@@ -66,8 +73,9 @@ def test_docstring_trace():
     s = history_init(1, 2, 8)
     out = []
     for t in (4, 4, 4, 4, 1, 1):
-        s = history_update(s, torch.tensor([float(t)]), lo=2, hi=3, step=1, d_min=3, d_cap=10,
-                           full_window_cooldown=True)
+        s = history_update(
+            s, torch.tensor([float(t)]), lo=2, hi=3, step=1, d_min=3, d_cap=10, full_window_cooldown=True
+        )
         out.append(int(s.d_max))
     assert out == [8, 9, 9, 10, 10, 9]
 
@@ -85,8 +93,9 @@ def test_cap_and_floor_hold_under_extreme_tau(cooldown):
 def test_index_and_cat_round_trip():
     s = history_init(3, 4, 8)
     for t in range(6):
-        s = history_update(s, torch.tensor([5.0, 1.0, float(t)]), lo=2, hi=3, step=1, d_min=3, d_cap=10,
-                           full_window_cooldown=True)
+        s = history_update(
+            s, torch.tensor([5.0, 1.0, float(t)]), lo=2, hi=3, step=1, d_min=3, d_cap=10, full_window_cooldown=True
+        )
     parts = [s.index(torch.tensor([i])) for i in range(3)]
     back = HistoryState.cat(parts)
     for f in ("window", "seen", "since_change", "d_max"):

@@ -33,8 +33,12 @@ def test_sglang_config_is_a_valid_sage_launch(path):
     unknown = sorted(set(sage) - set(BY_FLAG))
     assert not unknown, f"not SAGE flags: {unknown}"
     cfg = SageConfig.from_mapping({BY_FLAG[k].field: v for k, v in sage.items()})
-    sizes = spec_sizes(cfg, topk=data.get("speculative-eagle-topk"), num_steps=data.get("speculative-num-steps"),
-                       num_draft_tokens=data.get("speculative-num-draft-tokens"))
+    sizes = spec_sizes(
+        cfg,
+        topk=data.get("speculative-eagle-topk"),
+        num_steps=data.get("speculative-num-steps"),
+        num_draft_tokens=data.get("speculative-num-draft-tokens"),
+    )
     assert sizes.topk >= 2 and sizes.num_steps >= 1 and sizes.num_draft_tokens >= 2
     if data.get("device") == "cpu":  # what the CPU demo can afford per verify
         assert sizes.num_draft_tokens <= 16 and sizes.topk * sizes.num_steps <= 32
@@ -48,8 +52,11 @@ EXPECTED_GPU = {
     "llava_ov_72b_7b_draft_sage.yaml": ("lmms-lab/llava-onevision-qwen2-72b-ov-sft", "standalone"),
 }
 #: attention heads / KV heads of the GPU targets (tensor parallelism must divide both)
-HEADS = {"Qwen/Qwen2.5-VL-7B-Instruct": (28, 4), "Qwen/Qwen2.5-VL-72B-Instruct": (64, 8),
-         "lmms-lab/llava-onevision-qwen2-72b-ov-sft": (64, 8)}
+HEADS = {
+    "Qwen/Qwen2.5-VL-7B-Instruct": (28, 4),
+    "Qwen/Qwen2.5-VL-72B-Instruct": (64, 8),
+    "lmms-lab/llava-onevision-qwen2-72b-ov-sft": (64, 8),
+}
 
 
 def test_the_gpu_serving_configs_exist():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sage_plugin.bench.prompts import (
+from sage_plugin.data.prompts import (
     DATASETS,
     GSM8K_SUFFIX,
     HUMANEVAL_PREFIX,

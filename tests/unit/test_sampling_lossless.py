@@ -89,9 +89,13 @@ def exact_law(probs: list[list[float]]) -> dict[tuple[int, ...], float]:
 def batched_tree(bsz: int) -> DraftTree:
     row = lambda v: torch.tensor(v, dtype=torch.int64).expand(bsz, -1)  # noqa: E731
     return DraftTree(
-        tokens=row(TOKENS), parents=row(PARENTS), depths=row(DEPTHS),
+        tokens=row(TOKENS),
+        parents=row(PARENTS),
+        depths=row(DEPTHS),
         num_nodes=torch.full((bsz,), N, dtype=torch.int64),
-        draft_logp=torch.zeros(bsz, N), ranks=torch.zeros(bsz, N, dtype=torch.int64), max_depth=2,
+        draft_logp=torch.zeros(bsz, N),
+        ranks=torch.zeros(bsz, N, dtype=torch.int64),
+        max_depth=2,
         node_conf=torch.full((bsz, N), float("nan")),
     )
 
@@ -103,8 +107,14 @@ def run_sample_verify(setting: str, calls: int = 5, bsz: int = 20_000, seed: int
     gen = torch.Generator().manual_seed(seed)
     counts: Counter = Counter()
     for _ in range(calls):
-        res = sample_verify(tree, logits, torch.full((bsz,), temp), torch.full((bsz,), top_k, dtype=torch.int64),
-                            torch.full((bsz,), top_p), generator=gen)
+        res = sample_verify(
+            tree,
+            logits,
+            torch.full((bsz,), temp),
+            torch.full((bsz,), top_k, dtype=torch.int64),
+            torch.full((bsz,), top_p),
+            generator=gen,
+        )
         steps = torch.arange(res.emitted.shape[1])
         live = steps[None] <= res.num_accepted[:, None]
         assert bool(((res.emitted >= 0) == live).all()), "tau + 1 tokens, then -1 padding"
@@ -174,8 +184,6 @@ def chi2_second_given_child(counts: Counter, probs: list[list[float]]) -> float:
         exp += [p[y] * n for y in cells]
     assert groups >= 2
     return chisquare(obs, exp, ddof=groups - 1).pvalue
-
-
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,6 @@ NS = "sage_test_sgl"
 SETTINGS = settings(max_examples=40, deadline=None)
 
 
-
-
 def ops():
     cpu_ops.register_cpu_ops(NS)
     return getattr(torch.ops, NS)

@@ -37,9 +37,19 @@ def tiny_target(tmp_path_factory) -> Path:
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
-        pad_token_id=2, rope_parameters={"rope_theta": 1e5, "rope_type": "default"}, max_position_embeddings=2048,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        rope_parameters={"rope_theta": 1e5, "rope_type": "default"},
+        max_position_embeddings=2048,
         initializer_range=0.2,  # spread-out logits: varied argmax labels
     )
     out = tmp_path_factory.mktemp("tiny_target")
@@ -51,14 +61,58 @@ def tiny_target(tmp_path_factory) -> Path:
 def _args(out: Path, target: Path, *extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_train_args(parser)
-    return parser.parse_args([
-        "--out", str(out), "--target", str(target), "--device", "cpu", "--threads", "1", "--seq-len", "32",
-        "--text-tokens", "1024", "--gen-prompts", "3", "--gen-max-new-tokens", "6", "--gen-batch", "4",
-        "--label-batch", "8", "--shard-windows", "16", "--val-windows", "2", "--head-vocab", "512", "--hidden", "32",
-        "--heads", "2", "--intermediate", "64", "--init-embeddings", "pca", "--steps", "6", "--batch-size", "4",
-        "--warmup", "2",
-        "--eval-every", "3", "--ckpt-every", "100", "--no-progress", "--eval-cache", str(out.parent / "cache"), *extra,
-    ])
+    return parser.parse_args(
+        [
+            "--out",
+            str(out),
+            "--target",
+            str(target),
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--seq-len",
+            "32",
+            "--text-tokens",
+            "1024",
+            "--gen-prompts",
+            "3",
+            "--gen-max-new-tokens",
+            "6",
+            "--gen-batch",
+            "4",
+            "--label-batch",
+            "8",
+            "--shard-windows",
+            "16",
+            "--val-windows",
+            "2",
+            "--head-vocab",
+            "512",
+            "--hidden",
+            "32",
+            "--heads",
+            "2",
+            "--intermediate",
+            "64",
+            "--init-embeddings",
+            "pca",
+            "--steps",
+            "6",
+            "--batch-size",
+            "4",
+            "--warmup",
+            "2",
+            "--eval-every",
+            "3",
+            "--ckpt-every",
+            "100",
+            "--no-progress",
+            "--eval-cache",
+            str(out.parent / "cache"),
+            *extra,
+        ]
+    )
 
 
 def _log(out: Path) -> list[dict]:
@@ -81,7 +135,7 @@ def test_select_head_vocab_keeps_specials_and_frequent():
 
 
 def test_chat_prompts_hold_out_eval_sets():
-    from sage_plugin.bench.prompts import load_prompts
+    from sage_plugin.data.prompts import load_prompts
 
     prompts = chat_prompts(40, seed=0)
     assert len(prompts) == len(set(prompts)) == 40
@@ -91,7 +145,7 @@ def test_chat_prompts_hold_out_eval_sets():
 
 
 def test_chat_prompts_second_mix_keeps_the_first_and_covers_every_category():
-    from sage_plugin.bench.prompts import load_prompts
+    from sage_plugin.data.prompts import load_prompts
     from sage_plugin.train.data import MIX_V1_PROMPTS
     from sage_plugin.train.instructions import CATEGORIES, instruction_prompts
 
@@ -116,8 +170,9 @@ def test_rare_rows_never_win():
     from transformers import LlamaConfig
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=10, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, head_dim=8)
+    cfg = LlamaConfig(
+        vocab_size=10, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, head_dim=8
+    )
     keep = torch.tensor([0, 3, 5, 7, 11, 40])
     m = CompactDraft(cfg, keep, 64)
     with torch.no_grad():
@@ -180,8 +235,9 @@ def test_train_resume_export_evaluate(tiny_target, tmp_path):
     assert torch.isin(got.argmax(-1), keep).all()
 
     # evaluation on held-out prompts (continuations cached under tmp)
-    res = evaluate_draft(tiny_target, draft_dir, limit=2, gen_tokens=8, device="cpu", cache_dir=tmp_path / "cache",
-                         verbose=False)
+    res = evaluate_draft(
+        tiny_target, draft_dir, limit=2, gen_tokens=8, device="cpu", cache_dir=tmp_path / "cache", verbose=False
+    )
     assert 0.0 <= res["agreement"] <= 1.0 and 1.0 <= res["tau"] <= 5.0
     assert res["prompts"] == 4 and set(res["per_dataset"]) == {"mt_bench", "humaneval"}
     assert res["rare_argmax_rate"] == 0.0

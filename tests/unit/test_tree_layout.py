@@ -166,9 +166,13 @@ def test_flatten_tree_csr(data, seed):
     valid = torch.arange(width) < num_nodes[:, None]
     tokens = torch.where(valid, torch.randint(0, 100, (bsz, width), generator=g), -1)
     tree = DraftTree(
-        tokens=tokens, parents=parents, depths=depths, num_nodes=num_nodes,
+        tokens=tokens,
+        parents=parents,
+        depths=depths,
+        num_nodes=num_nodes,
         draft_logp=torch.where(valid, -torch.rand(bsz, width, generator=g), float("-inf")),
-        ranks=torch.where(valid, 0, -1), max_depth=max_depth,
+        ranks=torch.where(valid, 0, -1),
+        max_depth=max_depth,
         node_conf=torch.full((bsz, width), float("nan")),
     )
     assert torch.equal(tree.valid(), valid)

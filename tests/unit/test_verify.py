@@ -17,8 +17,6 @@ from sage_plugin.core.verify import greedy_verify, process_logits, sample_verify
 VOCAB = 12
 
 
-
-
 def make_tree(parents_rows, tokens_rows, width, max_depth=None):
     """A padded :class:`DraftTree` from per-request lists."""
     bsz = len(parents_rows)
@@ -36,8 +34,12 @@ def make_tree(parents_rows, tokens_rows, width, max_depth=None):
     num = torch.tensor([len(p) for p in parents_rows], dtype=torch.int64)
     valid = torch.arange(width) < num[:, None]
     return DraftTree(
-        tokens=tokens, parents=parents, depths=depths, num_nodes=num,
-        draft_logp=torch.where(valid, -1.0, float("-inf")), ranks=torch.where(valid, 0, -1),
+        tokens=tokens,
+        parents=parents,
+        depths=depths,
+        num_nodes=num,
+        draft_logp=torch.where(valid, -1.0, float("-inf")),
+        ranks=torch.where(valid, 0, -1),
         max_depth=int(depths.max()) if max_depth is None else max_depth,
         node_conf=torch.full((bsz, width), float("nan")),
     )
@@ -94,7 +96,7 @@ def check_against_reference(res, par_rows, tok_rows, am_rows, max_depth):
         assert res.emitted[b].tolist() == emitted + [-1] * (max_depth + 1 - len(emitted))
         # emitted: tau + 1 valid tokens, then padding
         row = res.emitted[b].tolist()
-        assert all(t >= 0 for t in row[: tau + 1]) and all(t == -1 for t in row[tau + 1:])
+        assert all(t >= 0 for t in row[: tau + 1]) and all(t == -1 for t in row[tau + 1 :])
 
 
 @settings(max_examples=80, deadline=None)
@@ -115,7 +117,7 @@ def test_greedy_verify_batched_equals_single(case, extra_depth):
     logits = logits_from_argmax(am_rows, width)
     batched = greedy_verify(make_tree(par_rows, tok_rows, width, max_depth), logits)
     for b in range(len(par_rows)):
-        single = greedy_verify(make_tree([par_rows[b]], [tok_rows[b]], width, max_depth), logits[b:b + 1])
+        single = greedy_verify(make_tree([par_rows[b]], [tok_rows[b]], width, max_depth), logits[b : b + 1])
         for f in ("accepted_nodes", "num_accepted", "bonus", "emitted"):
             assert torch.equal(getattr(single, f)[0], getattr(batched, f)[b]), f
 

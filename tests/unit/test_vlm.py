@@ -1,4 +1,4 @@
-"""VLM adapters: exact greedy match of speculative vs plain decoding, and plain vs HF ``generate``.
+"""VLM engine models: exact greedy match of speculative vs plain decoding, and plain vs HF ``generate``.
 
 Tiny random VLMs (Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision) are built once per module under
 ``tmp_path_factory``; the SmolVLM tests load the real SmolLM2-135M and are marked ``slow``.
@@ -14,15 +14,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sage_plugin.bench.prompts import load_prompts
 from sage_plugin.config import SageConfig
 from sage_plugin.core.policies import build_policy
-from sage_plugin.engines.adapters import GenRequest
+from sage_plugin.data.prompts import load_prompts
+from sage_plugin.engines.lm import GenRequest
 from sage_plugin.engines.speculative import SamplingParams, SpecEngine
 from sage_plugin.engines.vlm import (
     TINY_KINDS,
     TextDraftForVLM,
-    VLMAdapter,
+    VLMModel,
     build_smolvlm,
     build_tiny_vlm,
     load_vlm,
@@ -35,8 +35,6 @@ N_PROMPTS = 4
 SP = SamplingParams(max_new_tokens=24, stop_token_ids=())
 
 
-
-
 def _requests(processor, prompts):
     """Fresh requests (``meta`` is per request object, so every generate call gets new ones)."""
     return [make_vlm_request(processor, p) for p in prompts]
@@ -44,8 +42,10 @@ def _requests(processor, prompts):
 
 def _hf_greedy(model, req: GenRequest, n: int) -> list[int]:
     ids = torch.tensor([req.prompt_ids])
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **req.mm.tensors, max_new_tokens=n, do_sample=False)
-    return out[0, ids.shape[1]:].tolist()
+    out = model.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), **req.mm.tensors, max_new_tokens=n, do_sample=False
+    )
+    return out[0, ids.shape[1] :].tolist()
 
 
 def _spec(engine: SpecEngine, processor, prompts, policy: str, batch: int):
@@ -53,7 +53,7 @@ def _spec(engine: SpecEngine, processor, prompts, policy: str, batch: int):
     for i in range(0, len(prompts), batch):
         # fixed budget: real trees whatever this machine's timings (auto would size them to the verify cost)
         cfg = SageConfig(policy=policy, node_budget="fixed")
-        outs += engine.generate(_requests(processor, prompts[i:i + batch]), SP, build_policy(cfg))
+        outs += engine.generate(_requests(processor, prompts[i : i + batch]), SP, build_policy(cfg))
     return [o.tokens for o in outs], outs
 
 
@@ -78,11 +78,18 @@ def tiny(request, tmp_path_factory, prompts):
     draft_dir = build_tiny_vlm(kind, root / "seed1", seed=1)
     target, processor = load_vlm(target_dir)
     draft, draft_processor = load_vlm(draft_dir)
-    target_adapter = VLMAdapter(target, processor)
-    plain = [o.tokens for o in SpecEngine(target_adapter).generate(_requests(processor, prompts), SP, None)]
+    target_model = VLMModel(target, processor)
+    plain = [o.tokens for o in SpecEngine(target_model).generate(_requests(processor, prompts), SP, None)]
     return SimpleNamespace(
-        kind=kind, target=target, draft=draft, processor=processor, draft_processor=draft_processor,
-        target_adapter=target_adapter, plain=plain, dirs=(target_dir, draft_dir), setup_s=time.perf_counter() - t0,
+        kind=kind,
+        target=target,
+        draft=draft,
+        processor=processor,
+        draft_processor=draft_processor,
+        target_model=target_model,
+        plain=plain,
+        dirs=(target_dir, draft_dir),
+        setup_s=time.perf_counter() - t0,
     )
 
 
@@ -103,7 +110,7 @@ def test_build_is_cached_and_tokenizer_shared(tiny, prompts):
 
 def test_plain_engine_matches_hf_generate(tiny, prompts):
     """Prefill (multimodal) + decode positions through the engine == the model's own greedy generate."""
-    engine = SpecEngine(tiny.target_adapter)
+    engine = SpecEngine(tiny.target_model)
     single = [engine.generate([r], SP, None)[0].tokens for r in _requests(tiny.processor, prompts)]
     assert single == tiny.plain  # batch 1 == batch 4
     for req, toks in zip(_requests(tiny.processor, prompts), tiny.plain):
@@ -116,18 +123,20 @@ def test_plain_engine_matches_hf_generate(tiny, prompts):
 def test_prefill_layout_and_pruning(tiny, prompts):
     req = make_vlm_request(tiny.processor, prompts[0])
     seq = len(req.prompt_ids)
-    full = tiny.target_adapter.prefill(req)
+    full = tiny.target_model.prefill(req)
     scores = req.meta["visual_scores"]
-    assert tiny.target_adapter.last_prefill_info["score_layers"] == tiny.target.config.get_text_config().num_hidden_layers
-    n_vis = sum(t in tiny.target_adapter.visual_token_ids for t in req.prompt_ids)
+    assert tiny.target_model.last_prefill_info["score_layers"] == tiny.target.config.get_text_config().num_hidden_layers
+    n_vis = sum(t in tiny.target_model.visual_token_ids for t in req.prompt_ids)
     assert scores.shape == (n_vis,) and n_vis > 0 and torch.all(scores >= 0) and float(scores.sum()) <= 1.0 + 1e-5
     assert full.kv[0][0].shape[2] == seq
     # score collection does not change the prefill
-    plain = VLMAdapter(tiny.target, tiny.processor, collect_visual_scores=False).prefill(make_vlm_request(tiny.processor, prompts[0]))
+    plain = VLMModel(tiny.target, tiny.processor, collect_visual_scores=False).prefill(
+        make_vlm_request(tiny.processor, prompts[0])
+    )
     assert torch.equal(plain.last_logits, full.last_logits)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(plain.kv, full.kv))
 
-    draft = VLMAdapter(tiny.draft, tiny.processor, prune_ratio=0.8, role="draft")
+    draft = VLMModel(tiny.draft, tiny.processor, prune_ratio=0.8, role="draft")
     pruned = draft.prefill(req)
     n_drop = round(0.8 * n_vis)
     assert draft.last_prefill_info["score_source"] == "target"
@@ -139,7 +148,7 @@ def test_prefill_layout_and_pruning(tiny, prompts):
         assert full.next_pos == seq and pruned.next_pos == seq - n_drop
     # fallbacks when the target left no scores
     for fallback in ("self", "uniform"):
-        d = VLMAdapter(tiny.draft, tiny.processor, prune_ratio=0.8, role="draft", score_fallback=fallback)
+        d = VLMModel(tiny.draft, tiny.processor, prune_ratio=0.8, role="draft", score_fallback=fallback)
         res = d.prefill(make_vlm_request(tiny.processor, prompts[0]))
         assert d.last_prefill_info["score_source"] == fallback
         assert res.kv[0][0].shape[2] == seq - n_drop and res.next_pos == pruned.next_pos
@@ -148,8 +157,8 @@ def test_prefill_layout_and_pruning(tiny, prompts):
 @pytest.mark.parametrize("prune", [0.0, 0.8], ids=["full", "pruned0.8"])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_spec_matches_plain(tiny, prompts, policy, prune):
-    draft = VLMAdapter(tiny.draft, tiny.processor, prune_ratio=prune, role="draft")
-    engine = SpecEngine(tiny.target_adapter, draft)
+    draft = VLMModel(tiny.draft, tiny.processor, prune_ratio=prune, role="draft")
+    engine = SpecEngine(tiny.target_model, draft)
     for batch in (1, N_PROMPTS):
         tokens, _ = _spec(engine, tiny.processor, prompts, policy, batch)
         assert tokens == tiny.plain, (tiny.kind, policy, prune, batch)
@@ -157,8 +166,8 @@ def test_spec_matches_plain(tiny, prompts, policy, prune):
 
 def test_self_draft_pruned_accepts(tiny, prompts):
     """The target's own weights on 20% of the visual tokens: real acceptances, still exact."""
-    draft = VLMAdapter(tiny.target, tiny.processor, prune_ratio=0.8, role="draft")
-    engine = SpecEngine(tiny.target_adapter, draft)
+    draft = VLMModel(tiny.target, tiny.processor, prune_ratio=0.8, role="draft")
+    engine = SpecEngine(tiny.target_model, draft)
     for batch in (1, N_PROMPTS):
         tokens, outs = _spec(engine, tiny.processor, prompts, "sage", batch)
         assert tokens == tiny.plain
@@ -170,14 +179,22 @@ def test_text_draft_for_tiny_vlm(tiny, prompts):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    lm = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=1)).eval()
+    lm = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=49152,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    ).eval()
     draft = TextDraftForVLM(lm)
     req = make_vlm_request(tiny.processor, prompts[0])
     ids = draft.text_ids(req)
     assert not set(ids) & req.mm.vision_token_ids and len(ids) < len(req.prompt_ids)
     assert draft.prefill(req).next_pos == len(ids)
-    tokens, _ = _spec(SpecEngine(tiny.target_adapter, draft), tiny.processor, prompts, "sage", N_PROMPTS)
+    tokens, _ = _spec(SpecEngine(tiny.target_model, draft), tiny.processor, prompts, "sage", N_PROMPTS)
     assert tokens == tiny.plain
 
 
@@ -191,13 +208,13 @@ def test_select_visual_keep():
     assert select_visual_keep(torch.zeros(5), 5, 3).tolist() == [0, 2, 4]
 
 
-def test_adapter_argument_checks(tiny):
+def test_vlm_model_argument_checks(tiny):
     with pytest.raises(ValueError):
-        VLMAdapter(tiny.target, tiny.processor, prune_ratio=0.5, role="target")
+        VLMModel(tiny.target, tiny.processor, prune_ratio=0.5, role="target")
     with pytest.raises(ValueError):
-        VLMAdapter(tiny.target, tiny.processor, role="verifier")
+        VLMModel(tiny.target, tiny.processor, role="verifier")
     with pytest.raises(ValueError):
-        VLMAdapter(tiny.target, tiny.processor, prune_ratio=1.0, role="draft")
+        VLMModel(tiny.target, tiny.processor, prune_ratio=1.0, role="draft")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,15 +222,18 @@ def test_adapter_argument_checks(tiny):
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smolvlm(tmp_path_factory, prompts):
-    from sage_plugin.models import ensure_smollm2, load_causal_lm, truncated_draft
+    from sage_plugin.engines.lm import load_causal_lm
+    from sage_plugin.models import ensure_smollm2, truncated_draft
 
     text_dir = ensure_smollm2()
     path = build_smolvlm(text_dir, tmp_path_factory.mktemp("smolvlm") / "smolvlm", seed=0)
     model, processor = load_vlm(path)
     draft_lm = load_causal_lm(truncated_draft(text_dir, 4))
-    target = VLMAdapter(model, processor)
+    target = VLMModel(model, processor)
     plain = [o.tokens for o in SpecEngine(target).generate(_requests(processor, prompts), SP, None)]
-    return SimpleNamespace(model=model, processor=processor, target=target, draft=TextDraftForVLM(draft_lm), plain=plain)
+    return SimpleNamespace(
+        model=model, processor=processor, target=target, draft=TextDraftForVLM(draft_lm), plain=plain
+    )
 
 
 @pytest.mark.slow

@@ -1,19 +1,19 @@
-"""VLM adapters for the reference engine: tiny offline VLMs, SmolVLM-on-SmolLM2, SpecVLM pruning.
+"""VLM engine models for the reference engine: tiny offline VLMs, SmolVLM-on-SmolLM2, SpecVLM pruning.
 
 * :mod:`.build`: offline demo VLMs built from configs (no model hub): tiny random Qwen2-VL /
   Qwen2.5-VL / LLaVA-OneVision (:func:`build_tiny_vlm`), SmolVLM whose text model is the real
   SmolLM2-135M-Instruct (:func:`build_smolvlm`), and :func:`load_vlm`.
 * :mod:`.scores`: visual-attention score collection during a prefill (:data:`SCORE_ATTN`) and
   SpecVLM's two-stage visual-token selection (:func:`select_visual_keep`).
-* :mod:`.adapter`: multimodal requests (:func:`make_vlm_request`, :class:`VLMInput`), the VLM
-  engine adapter with draft-side visual-token pruning (:class:`VLMAdapter`) and the text-only
+* :mod:`.model`: multimodal requests (:func:`make_vlm_request`, :class:`VLMInput`), the VLM
+  engine model with draft-side visual-token pruning (:class:`VLMModel`) and the text-only
   draft of a VLM target (:class:`TextDraftForVLM`).
 """
 
 from __future__ import annotations
 
-from .adapter import TextDraftForVLM, VLMAdapter, VLMInput, make_vlm_request
 from .build import TINY_KINDS, VOCAB_SEED, build_smolvlm, build_tiny_vlm, load_vlm
+from .model import TextDraftForVLM, VLMInput, VLMModel, make_vlm_request
 from .scores import SCORE_ATTN, select_visual_keep
 
 __all__ = [
@@ -21,7 +21,7 @@ __all__ = [
     "VOCAB_SEED",
     "SCORE_ATTN",
     "VLMInput",
-    "VLMAdapter",
+    "VLMModel",
     "TextDraftForVLM",
     "build_tiny_vlm",
     "build_smolvlm",

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from sage_plugin.models import ensure_smollm2
+
 __all__ = ["TINY_KINDS", "VOCAB_SEED", "build_tiny_vlm", "build_smolvlm", "load_vlm"]
 
 TINY_KINDS: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "llava_onevision")
@@ -58,8 +60,6 @@ def _chat_template(image: str, system: str) -> str:
 def _smollm2_tokenizer(extra: list[str]):
     from transformers import AutoTokenizer
 
-    from sage_plugin.models import ensure_smollm2
-
     tok = AutoTokenizer.from_pretrained(str(ensure_smollm2()))
     tok.add_special_tokens({"additional_special_tokens": extra})
     return tok
@@ -67,9 +67,16 @@ def _smollm2_tokenizer(extra: list[str]):
 
 def _tiny_text_config(tok, text_layers: int, **extra) -> dict:
     cfg = dict(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=text_layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=text_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
         tie_word_embeddings=False,
     )
     cfg.update(extra)
@@ -88,23 +95,51 @@ def _tiny_parts(kind: str, text_layers: int):
         small = dict(min_pixels=56 * 56, max_pixels=112 * 112)
         proc_cls = tf.Qwen2VLProcessor if kind == "qwen2_vl" else tf.Qwen2_5_VLProcessor
         proc = proc_cls(
-            image_processor=Qwen2VLImageProcessor(**small), video_processor=Qwen2VLVideoProcessor(**small),
-            tokenizer=tok, chat_template=_chat_template("<|vision_start|><|image_pad|><|vision_end|>", _TINY_SYSTEM),
+            image_processor=Qwen2VLImageProcessor(**small),
+            video_processor=Qwen2VLVideoProcessor(**small),
+            tokenizer=tok,
+            chat_template=_chat_template("<|vision_start|><|image_pad|><|vision_end|>", _TINY_SYSTEM),
         )
         rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
         text = _tiny_text_config(tok, text_layers, rope_parameters=rope)
         ids = dict(
-            image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"), video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
-            vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"), vision_end_token_id=tok.convert_tokens_to_ids("<|vision_end|>"),
+            image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
+            video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
+            vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"),
+            vision_end_token_id=tok.convert_tokens_to_ids("<|vision_end|>"),
         )
         if kind == "qwen2_vl":
-            vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
-            return proc, tf.Qwen2VLForConditionalGeneration, tf.Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **ids)
+            vision = dict(
+                depth=2,
+                embed_dim=32,
+                hidden_size=64,
+                num_heads=2,
+                patch_size=14,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+            )
+            return (
+                proc,
+                tf.Qwen2VLForConditionalGeneration,
+                tf.Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **ids),
+            )
         vision = dict(
-            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
-            spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=56,
+            fullatt_block_indexes=[1],
         )
-        return proc, tf.Qwen2_5_VLForConditionalGeneration, tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **ids)
+        return (
+            proc,
+            tf.Qwen2_5_VLForConditionalGeneration,
+            tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **ids),
+        )
     if kind == "llava_onevision":
         from transformers.models.llava_onevision.image_processing_llava_onevision import LlavaOnevisionImageProcessor
         from transformers.models.llava_onevision.video_processing_llava_onevision import LlavaOnevisionVideoProcessor
@@ -114,15 +149,30 @@ def _tiny_parts(kind: str, text_layers: int):
         proc = tf.LlavaOnevisionProcessor(
             image_processor=LlavaOnevisionImageProcessor(size={"height": 32, "width": 32}, image_grid_pinpoints=pins),
             video_processor=LlavaOnevisionVideoProcessor(size={"height": 32, "width": 32}),
-            tokenizer=tok, num_image_tokens=16, vision_feature_select_strategy="full",
+            tokenizer=tok,
+            num_image_tokens=16,
+            vision_feature_select_strategy="full",
             chat_template=_chat_template("<image>\n", _TINY_SYSTEM),
         )
         cfg = tf.LlavaOnevisionConfig(
-            text_config=_tiny_text_config(tok, text_layers, model_type="qwen2", rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-            vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                               num_attention_heads=2, image_size=32, patch_size=8),
-            image_token_index=proc.image_token_id, video_token_index=proc.video_token_id, image_grid_pinpoints=pins,
-            vision_feature_select_strategy="full", vision_feature_layer=-1, tie_word_embeddings=False,
+            text_config=_tiny_text_config(
+                tok, text_layers, model_type="qwen2", rope_parameters={"rope_type": "default", "rope_theta": 10000.0}
+            ),
+            vision_config=dict(
+                model_type="siglip_vision_model",
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                image_size=32,
+                patch_size=8,
+            ),
+            image_token_index=proc.image_token_id,
+            video_token_index=proc.video_token_id,
+            image_grid_pinpoints=pins,
+            vision_feature_select_strategy="full",
+            vision_feature_layer=-1,
+            tie_word_embeddings=False,
         )
         return proc, tf.LlavaOnevisionForConditionalGeneration, cfg
     raise ValueError(f"unknown tiny VLM kind {kind!r}; expected one of {TINY_KINDS}")
@@ -138,7 +188,9 @@ def _save_atomic(out_dir: Path, model, processor) -> Path:
     return out_dir
 
 
-def build_tiny_vlm(kind: str, out_dir: Path, seed: int = 0, text_layers: int = 2, share_vocab_init: bool = True) -> Path:
+def build_tiny_vlm(
+    kind: str, out_dir: Path, seed: int = 0, text_layers: int = 2, share_vocab_init: bool = True
+) -> Path:
     """Random-init tiny VLM of ``kind`` (one of :data:`TINY_KINDS`) saved with its processor.
 
     Skips the build when ``out_dir/config.json`` exists.  Same kind => same tokenizer and
@@ -175,28 +227,45 @@ def build_smolvlm(text_model_dir: Path, out_dir: Path, seed: int = 0) -> Path:
     if (out_dir / "config.json").is_file():
         return out_dir
     tok = tf.AutoTokenizer.from_pretrained(str(text_model_dir))
-    tok.add_special_tokens({"additional_special_tokens": [
-        "<fake_token_around_image>", "<image>", "<global-img>",
-        *[f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)],
-    ]})
+    tok.add_special_tokens(
+        {
+            "additional_special_tokens": [
+                "<fake_token_around_image>",
+                "<image>",
+                "<global-img>",
+                *[f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)],
+            ]
+        }
+    )
     system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
     proc = tf.SmolVLMProcessor(
         image_processor=SmolVLMImageProcessor(size={"longest_edge": 128}, max_image_size={"longest_edge": 64}),
         video_processor=SmolVLMVideoProcessor(size={"longest_edge": 64}, max_image_size={"longest_edge": 64}),
-        tokenizer=tok, image_seq_len=16, chat_template=_chat_template("<image>", system),
+        tokenizer=tok,
+        image_seq_len=16,
+        chat_template=_chat_template("<image>", system),
     )
     lm = tf.AutoModelForCausalLM.from_pretrained(str(text_model_dir), dtype=torch.float32)
     text_cfg = lm.config.to_dict()
     cfg = tf.SmolVLMConfig(
         text_config=text_cfg,
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=64, patch_size=8),
-        scale_factor=2, image_token_id=proc.image_token_id, tie_word_embeddings=bool(lm.config.tie_word_embeddings),
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=64,
+            patch_size=8,
+        ),
+        scale_factor=2,
+        image_token_id=proc.image_token_id,
+        tie_word_embeddings=bool(lm.config.tie_word_embeddings),
         pad_token_id=tok.pad_token_id,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = tf.SmolVLMForConditionalGeneration(cfg).eval()
-        state = {k[len("model."):]: v for k, v in lm.state_dict().items() if k.startswith("model.")}
+        state = {k[len("model.") :]: v for k, v in lm.state_dict().items() if k.startswith("model.")}
         model.model.text_model.load_state_dict(state, strict=True)
         if not cfg.tie_word_embeddings:
             model.lm_head.weight.data.copy_(lm.lm_head.weight.data)

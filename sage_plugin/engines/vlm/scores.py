@@ -7,7 +7,7 @@
   prefill's output is bitwise that of plain SDPA) and additionally recomputes ``softmax(q k^T)``
   for the selected query rows only (``n_q x L`` per head and layer, cheap); the language model's
   config points to it only for the duration of the prefill (:func:`_collect_scores`).
-* **Selection** (SpecVLM's two stages, SAGE_SPEC §6.10 item 1, :func:`select_visual_keep`): keep
+* **Selection** (SpecVLM's two stages, Ji et al. 2025, :func:`select_visual_keep`): keep
   the highest-scoring tokens until their cumulative share reaches ``attn_mass`` (0.4) of the
   total, capped at the number to keep; fill the rest of the quota by ``linspace`` over the
   remaining tokens in prompt order.  ``attn_mass=1.0`` keeps purely the top-scoring tokens.
@@ -49,7 +49,11 @@ class _ScoreCollector:
             allowed = torch.arange(k.shape[1], device=q.device)[None] <= (rows + offset)[:, None]
             logits = logits.masked_fill(~allowed, float("-inf"))
         else:
-            m = attention_mask[0, 0, rows.clamp(max=attention_mask.shape[2] - 1)] if attention_mask.shape[2] > 1 else attention_mask[0, 0]
+            m = (
+                attention_mask[0, 0, rows.clamp(max=attention_mask.shape[2] - 1)]
+                if attention_mask.shape[2] > 1
+                else attention_mask[0, 0]
+            )
             logits = logits.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else logits + m.float()
         probs = torch.softmax(logits, dim=-1)[..., self.visual_cols.to(q.device)]  # [H, n, n_vis]
         self.total += probs.mean(dim=(0, 1)).cpu()
@@ -134,6 +138,8 @@ def select_visual_keep(scores: torch.Tensor | None, n_visual: int, n_keep: int, 
     rest = (~chosen).nonzero().flatten()
     need = n_keep - int(chosen.sum())
     if need > 0:
-        pick = torch.linspace(0, rest.numel() - 1, need).round().long() if need > 1 else torch.zeros(1, dtype=torch.long)
+        pick = (
+            torch.linspace(0, rest.numel() - 1, need).round().long() if need > 1 else torch.zeros(1, dtype=torch.long)
+        )
         chosen[rest[pick]] = True
     return chosen.nonzero().flatten()

@@ -17,7 +17,7 @@ Modules:
 * :mod:`.algo`: ``SageSpecAlgo`` and the server-args callbacks (imports SGLang);
 * :mod:`.cpu_ops`: pure-torch ``sgl_kernel`` CPU ops SGLang's CPU speculative path needs.
 
-Environment variables, read once, by :func:`register` (house style §9 rule 18):
+Environment variables, read once, by :func:`register` (the only environment variables the package reads):
 
 * ``SAGE_ENABLED=0``: register nothing (no flags, no algorithm, no ops);
 * ``SAGE_SKIP_VERSION_CHECK=1``: warn instead of failing when SGLang is not the pinned version

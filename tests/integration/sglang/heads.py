@@ -24,8 +24,17 @@ from safetensors.torch import save_file
 __all__ = ["make_eagle_head", "make_eagle3_head"]
 
 
-def _layer(prefix: str, hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int, attn_in: int,
-           gen: torch.Generator, std: float) -> dict[str, torch.Tensor]:
+def _layer(
+    prefix: str,
+    hidden: int,
+    inter: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    attn_in: int,
+    gen: torch.Generator,
+    std: float,
+) -> dict[str, torch.Tensor]:
     def w(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen) * std
 
@@ -90,6 +99,10 @@ def make_eagle3_head(target: Path, out: Path, draft_vocab: int = 8192, seed: int
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[hot] = True
     t["t2d"] = t2d
-    cfg.update(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1, tie_word_embeddings=False,
-               draft_vocab_size=draft_vocab)
+    cfg.update(
+        architectures=["LlamaForCausalLMEagle3"],
+        num_hidden_layers=1,
+        tie_word_embeddings=False,
+        draft_vocab_size=draft_vocab,
+    )
     return _write(out, cfg, t, target)

@@ -36,7 +36,7 @@ def _draft_dir(target_dir: Path) -> Path:
 
 
 def _prompts(n: int) -> list[str]:
-    from sage_plugin.bench.prompts import mixed_text_prompts, render_chat
+    from sage_plugin.data.prompts import mixed_text_prompts, render_chat
     from sage_plugin.models import load_tokenizer
 
     from .conftest import TARGET_DIR

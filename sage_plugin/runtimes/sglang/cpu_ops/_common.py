@@ -25,7 +25,9 @@ def _segments(start: torch.Tensor, end: torch.Tensor) -> tuple[torch.Tensor, tor
     return rows, cols
 
 
-def _write_accepted_paths(accept_index: torch.Tensor, accept_token_num: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+def _write_accepted_paths(
+    accept_index: torch.Tensor, accept_token_num: torch.Tensor, acc: torch.Tensor
+) -> torch.Tensor:
     """Write verified paths ``acc [bs, steps]`` (global node ids, -1 past the path) into SGLang's outputs.
 
     ``accept_index`` gets the path entries (the rest stays as the caller filled it), ``accept_token_num`` the

@@ -1,4 +1,4 @@
-"""VLM engine adapters: multimodal requests, :class:`VLMAdapter` (with SpecVLM pruning), text drafts.
+"""VLM engine models: multimodal requests, :class:`VLMModel` (with SpecVLM pruning), text drafts.
 
 Requests
 --------
@@ -7,9 +7,9 @@ token ids (image placeholders included) as ``GenRequest.prompt_ids``; ``GenReque
 :class:`VLMInput` with the processor's tensors (``pixel_values``, ``image_grid_thw``,
 ``mm_token_type_ids``, ``image_sizes``, ...) and the ids of every vision-related special token.
 
-Adapters
---------
-:class:`VLMAdapter` subclasses :class:`~sage_plugin.engines.adapters.TextAdapter`: ``forward``
+Models
+------
+:class:`VLMModel` subclasses :class:`~sage_plugin.engines.lm.TextModel`: ``forward``
 (decode / tree tokens) is inherited unchanged.  That is correct for all four families because
 their ``ForConditionalGeneration.forward`` without pixel inputs only embeds ``input_ids`` and
 hands ``position_ids`` / ``attention_mask`` untouched to the language model: Qwen2(.5)-VL skips
@@ -26,7 +26,7 @@ SpecVLM draft-side pruning (``role="draft"``, ``prune_ratio = r > 0``)
 ``round(r * n_visual)`` visual placeholder tokens (image/video pad tokens, not the
 start/end/row markers) are removed from the DRAFT's prefill only; the target always sees all.
 
-* **Scores** (:mod:`.scores`).  The target adapter (``role="target"``,
+* **Scores** (:mod:`.scores`).  The target model (``role="target"``,
   ``collect_visual_scores=True``) measures, during its normal prefill, the attention of the text
   queries that follow the last visual token (the question and the assistant header; at most
   ``score_queries`` of them) to every visual key and stores it in
@@ -59,21 +59,29 @@ from typing import Any, Iterable, Literal
 
 import torch
 
+from sage_plugin.data.prompts import multimodal_messages
+from sage_plugin.engines.kv import PrefillResult
+
 # absolute (not ``..``): sage_plugin/engines has no __init__.py, so pytest's importlib mode would
 # collect this package as top-level ``vlm`` and a parent-relative import would fail
-from sage_plugin.engines.adapters import GenRequest, TextAdapter
-from sage_plugin.engines.kv import PrefillResult
+from sage_plugin.engines.lm import GenRequest, TextModel
 
 from .scores import _collect_scores, _ScoreCollector, select_visual_keep
 
-__all__ = ["VLMInput", "VLMAdapter", "TextDraftForVLM", "make_vlm_request"]
+__all__ = ["VLMInput", "VLMModel", "TextDraftForVLM", "make_vlm_request"]
 
 logger = logging.getLogger(__name__)
 
 # vision-related special tokens of the supported processors (dropped by TextDraftForVLM)
 _VISION_TOKENS = (
-    "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
-    "<image>", "<video>", "<fake_token_around_image>", "<global-img>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<image>",
+    "<video>",
+    "<fake_token_around_image>",
+    "<global-img>",
 )
 _ROW_COL = re.compile(r"^<row_\d+_col_\d+>$")
 
@@ -102,17 +110,19 @@ class VLMInput:
 def _vision_token_ids(processor) -> frozenset[int]:
     tok = getattr(processor, "tokenizer", processor)
     added = tok.get_added_vocab()
-    names = set(_VISION_TOKENS) | {getattr(processor, a, None) for a in ("image_token", "video_token", "fake_image_token", "global_image_token")}
+    names = set(_VISION_TOKENS) | {
+        getattr(processor, a, None) for a in ("image_token", "video_token", "fake_image_token", "global_image_token")
+    }
     return frozenset(i for s, i in added.items() if s in names or _ROW_COL.match(s))
 
 
 def make_vlm_request(processor, prompt, request_id: str | None = None) -> GenRequest:
-    """Render ``prompt`` (a :class:`~sage_plugin.bench.prompts.Prompt`, image optional) with the
+    """Render ``prompt`` (a :class:`~sage_plugin.data.prompts.Prompt`, image optional) with the
     processor's chat template; ``prompt_ids`` are the full ids incl. image placeholders."""
-    from sage_plugin.bench.prompts import multimodal_messages
-
     msgs = multimodal_messages(prompt)
-    out = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt")
+    out = processor.apply_chat_template(
+        msgs, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+    )
     ids = [int(t) for t in out["input_ids"][0].tolist()]
     tensors = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask") and isinstance(v, torch.Tensor)}
     mm = VLMInput(prompt.image, msgs, tensors, _vision_token_ids(processor))
@@ -120,7 +130,7 @@ def make_vlm_request(processor, prompt, request_id: str | None = None) -> GenReq
 
 
 # ---------------------------------------------------------------------------------------------
-# adapters
+# engine models
 # ---------------------------------------------------------------------------------------------
 def _language_model(model) -> torch.nn.Module:
     inner = getattr(model, "model", model)
@@ -130,8 +140,8 @@ def _language_model(model) -> torch.nn.Module:
     return model.get_decoder()
 
 
-class VLMAdapter(TextAdapter):
-    """Adapter for a HF VLM (Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision, SmolVLM).
+class VLMModel(TextModel):
+    """Engine model for a HF VLM (Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision, SmolVLM).
 
     Args:
         model: ``...ForConditionalGeneration`` loaded with SDPA attention.
@@ -198,7 +208,7 @@ class VLMAdapter(TextAdapter):
         """Model forward that also returns per-visual-token attention scores."""
         seq = kw["input_ids"].shape[1]
         after = torch.arange(int(vis_pos.max()) + 1, seq)
-        rows = after[-self.score_queries:] if after.numel() else torch.tensor([seq - 1])
+        rows = after[-self.score_queries :] if after.numel() else torch.tensor([seq - 1])
         col = _ScoreCollector(rows, vis_pos.cpu())
         with _collect_scores(self.language_model, col):
             out = self.model(**kw, **extra)
@@ -277,12 +287,12 @@ class VLMAdapter(TextAdapter):
             handle.remove()
 
 
-class TextDraftForVLM(TextAdapter):
+class TextDraftForVLM(TextModel):
     """Text-only causal LM as the draft of a VLM target with the same text vocabulary.
 
     The prefill drops every vision special token (``request.mm.vision_token_ids``, the extra
     ``drop_token_ids`` and any id outside the draft's vocabulary) from the prompt; positions are
-    compacted (``next_pos`` = number of remaining tokens).  ``forward`` is TextAdapter's.
+    compacted (``next_pos`` = number of remaining tokens).  ``forward`` is TextModel's.
     """
 
     def __init__(self, model: Any, drop_token_ids: Iterable[int] = (), head_ids: torch.Tensor | None = None) -> None:

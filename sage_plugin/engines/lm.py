@@ -1,6 +1,6 @@
-"""Model adapters: what the reference engine needs from an HF model.
+"""Engine models: what the reference engine needs from an HF model (the engine's view of a target or draft).
 
-An adapter prefills one request (returning its KV rows, last logits and the model position of the
+An engine model prefills one request (returning its KV rows, last logits and the model position of the
 next token) and runs batched forwards of new tokens at explicit positions under an explicit 4-D
 mask.  Text LMs use 1-D rotary positions; M-RoPE VLMs (Qwen2-VL / Qwen2.5-VL) accept the same
 2-D ``position_ids`` for text tokens and broadcast them to their three axes (text position +
@@ -10,13 +10,15 @@ the request's rope delta), so only their prefill differs (see :mod:`sage_plugin.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
+from .attention import register as register_attention
 from .kv import PrefillResult, SeqState
 
-__all__ = ["GenRequest", "ModelAdapter", "TextAdapter"]
+__all__ = ["EngineModel", "GenRequest", "TextModel", "load_causal_lm"]
 
 
 @dataclass(slots=True)
@@ -25,8 +27,8 @@ class GenRequest:
 
     Attributes:
         prompt_ids: token ids of the rendered prompt (chat template applied).
-        mm: optional multimodal inputs understood by VLM adapters (e.g. an image path or
-            processor outputs); text adapters ignore it.
+        mm: optional multimodal inputs understood by VLM engine models (e.g. an image path or
+            processor outputs); text models ignore it.
         request_id: caller's identifier (kept in outputs).
     """
 
@@ -36,7 +38,7 @@ class GenRequest:
     meta: dict = field(default_factory=dict)
 
 
-class ModelAdapter(Protocol):
+class EngineModel(Protocol):
     model: Any
     vocab_size: int
 
@@ -47,7 +49,7 @@ class ModelAdapter(Protocol):
     ) -> torch.Tensor: ...
 
 
-class TextAdapter:
+class TextModel:
     """Any HF causal LM with rotary positions (Llama, Qwen2, SmolLM2, ...).
 
     Args:
@@ -95,3 +97,15 @@ class TextAdapter:
         small = (hidden @ self._head_w.t()).float()
         full = small.new_full((*small.shape[:2], self.vocab_size), float("-inf"))
         return full.index_copy_(2, self.head_ids, small)
+
+
+def load_causal_lm(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """Load an HF causal LM for inference (eval mode, no grad) with grouped-query SDPA attention.
+
+    ``sage_sdpa`` (:mod:`.attention`) is ``sdpa`` without the per-forward copy of the KV
+    heads that transformers makes whenever a mask is passed (every tree verify, every padded batch).
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=register_attention())
+    return model.to(device).eval().requires_grad_(False)

@@ -1,0 +1,228 @@
+"""``sage bench``: build the engine and the requests, run every method side by side, print and save the report.
+
+:class:`BenchOptions` is everything the command reads from its command line (the parser is in
+:mod:`sage_plugin.cli`); :func:`run_bench` does the work in four steps: :func:`build_setup` (models and requests),
+:func:`~sage_plugin.bench.run.run_methods`, :func:`bench_config` (the JSON's ``config``) and :func:`print_report`.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import ConfigError, SageConfig
+from ..data.prompts import load_prompts, mixed_text_prompts, render_chat
+from ..engines.lm import GenRequest, TextModel, load_causal_lm
+from ..engines.speculative import SamplingParams, SpecEngine
+from ..engines.vlm import TextDraftForVLM, VLMModel, build_smolvlm, load_vlm, make_vlm_request
+from ..models import (
+    DEFAULT_CACHE_DIR,
+    bundled_draft_dir,
+    draft_head_ids,
+    ensure_smollm2,
+    load_tokenizer,
+    truncated_draft,
+)
+from .methods import MethodSpec
+from .report import markdown_table, summarize, write_plots
+from .run import run_methods
+
+__all__ = ["BenchOptions", "BenchSetup", "bench_config", "build_setup", "print_report", "run_bench"]
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What ``sage bench`` was asked to do (see ``sage bench --help`` for each option)."""
+
+    quick: bool = False
+    datasets: str = "mixed"
+    num_prompts: int | None = None
+    max_new_tokens: int | None = None
+    batch_size: int = 1
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    warmup: int = 1
+    target: str | None = None
+    draft: str | None = None
+    draft_vlm: str | None = None
+    standin_layers: int = 4
+    device: str = "auto"
+    threads: int | None = None
+    cache_dir: str | None = None
+    json: str | None = None
+    plots: str | None = None
+    progress: bool = True
+
+    @property
+    def prompts(self) -> int:
+        return self.num_prompts or (6 if self.quick else 20)
+
+    @property
+    def new_tokens(self) -> int:
+        return self.max_new_tokens or (64 if self.quick else 128)
+
+    @property
+    def cache(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir else DEFAULT_CACHE_DIR
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+
+@dataclass
+class BenchSetup:
+    """The engine and requests of a run, with the descriptions printed and stored beside the results."""
+
+    engine: SpecEngine
+    requests: list[GenRequest]
+    eos_token_id: int
+    target_desc: str
+    draft_desc: str
+
+
+def _draft(opts: BenchOptions, target_dir: Path) -> tuple[Path, str]:
+    """The draft directory and its description: ``--draft``, the bundled draft, else a truncated stand-in."""
+    if opts.draft:
+        return Path(opts.draft), f"{opts.draft} (user-supplied)"
+    bundled = bundled_draft_dir()
+    if bundled is not None:
+        return bundled, "shipped trained SmolLM2 draft"
+    desc = (
+        f"STAND-IN: first {opts.standin_layers} layers of the target (no trained draft ships yet; "
+        "tau and speed-ups are not representative of a real draft)"
+    )
+    return truncated_draft(target_dir, opts.standin_layers, opts.cache), desc
+
+
+def _text_prompts(datasets: str, num: int):
+    if datasets == "mixed":
+        return mixed_text_prompts(num)
+    names = datasets.split(",")
+    if "vlm" in names:
+        raise ConfigError("--datasets vlm cannot be mixed with text datasets in one run")
+    per = -(-num // len(names))
+    return [p for n in names for p in load_prompts(n, per)][:num]
+
+
+def _text_setup(opts: BenchOptions, target_dir: Path, draft_dir: Path, draft_desc: str, device) -> BenchSetup:
+    if opts.target:
+        target_dir = Path(opts.target)
+    tok = load_tokenizer(target_dir)
+    engine = SpecEngine(
+        TextModel(load_causal_lm(target_dir, device)),
+        TextModel(load_causal_lm(draft_dir, device), draft_head_ids(draft_dir)),
+    )
+    requests = [GenRequest(render_chat(tok, p), request_id=p.id) for p in _text_prompts(opts.datasets, opts.prompts)]
+    return BenchSetup(engine, requests, tok.eos_token_id, str(target_dir), draft_desc)
+
+
+def _vlm_setup(opts: BenchOptions, base: SageConfig, text_target: Path, draft_dir: Path, draft_desc: str, device):
+    """The VLM image prompts.
+
+    Target: ``--target`` (a saved VLM) or SmolVLM whose text model is the real SmolLM2 (built once, tiny random
+    vision tower).  Draft: the text draft through ``TextDraftForVLM`` (visual tokens removed from its prompt), or
+    ``--draft-vlm`` with SpecVLM pruning at ``prune_ratio_image``.
+    """
+    if opts.target:
+        target_path, target_desc = Path(opts.target), opts.target
+    else:
+        target_path = build_smolvlm(text_target, opts.cache / "smolvlm-smollm2-135m")
+        target_desc = f"SmolVLM on the real SmolLM2-135M-Instruct text model, tiny random vision tower ({target_path})"
+    model, processor = load_vlm(target_path, device)
+    target = VLMModel(model, processor, role="target")
+    if opts.draft_vlm:
+        dmodel, _ = load_vlm(opts.draft_vlm, device)
+        draft = VLMModel(dmodel, processor, prune_ratio=base.prune_ratio_image, role="draft")
+        draft_desc = f"{opts.draft_vlm} (VLM draft, {base.prune_ratio_image:.0%} of visual tokens pruned)"
+    else:
+        draft = TextDraftForVLM(load_causal_lm(draft_dir, device), head_ids=draft_head_ids(draft_dir))
+        draft_desc = f"{draft_desc}; text-only draft, visual tokens removed from its prompt"
+    requests = [make_vlm_request(processor, p) for p in load_prompts("vlm", opts.prompts)]
+    return BenchSetup(SpecEngine(target, draft), requests, processor.tokenizer.eos_token_id, target_desc, draft_desc)
+
+
+def build_setup(opts: BenchOptions, base: SageConfig) -> BenchSetup:
+    """Load the target and draft (converting the bundled target once) and render the requests."""
+    device = opts.torch_device()
+    target_dir = ensure_smollm2(opts.cache)
+    draft_dir, draft_desc = _draft(opts, target_dir)
+    if opts.datasets == "vlm":
+        return _vlm_setup(opts, base, target_dir, draft_dir, draft_desc, device)
+    return _text_setup(opts, target_dir, draft_dir, draft_desc, device)
+
+
+def bench_config(opts: BenchOptions, base: SageConfig, methods: list[MethodSpec], setup: BenchSetup) -> dict[str, Any]:
+    """The ``config`` section of the JSON report: what ran, where, and the measured round costs."""
+    return {
+        "sage": base.to_dict(),
+        "methods": {m.name: (m.config.to_dict() if m.config else None) for m in methods},
+        "target": setup.target_desc,
+        "draft": setup.draft_desc,
+        "device": str(opts.torch_device()),
+        "threads": torch.get_num_threads(),
+        "num_prompts": len(setup.requests),
+        "max_new_tokens": opts.new_tokens,
+        "batch_size": opts.batch_size,
+        "temperature": opts.temperature,
+        "top_k": opts.top_k,
+        "top_p": opts.top_p,
+        "seed": opts.seed,
+        "datasets": opts.datasets,
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "round_costs": {
+            f"batch {b}, {n} nodes": {"verify_ms": [round(float(x), 2) for x in c.verify_ms], "draft_ms": round(c.draft_ms, 2)}
+            for (b, n, _), c in setup.engine.round_costs.items()
+        },
+    }  # fmt: skip
+
+
+def print_report(summary: dict, opts: BenchOptions, engine: SpecEngine) -> None:
+    """The Markdown table, the tau convention and each measured cost curve."""
+    print()
+    print(markdown_table(summary, opts.temperature <= 0))
+    print("\ntau = decode tokens per target forward (bonus included; ar = 1.00); accepted/round excludes the bonus.")
+    for (b, _, _), c in engine.round_costs.items():
+        v = c.verify_ms
+        shown = ", ".join(f"{q + 1}: {float(v[q]):.1f}" for q in (0, 1, 2, 3, 5, 8, 15, 24) if q < len(v))
+        print(
+            f"node_budget=auto, batch {b}: target forward ms by verified tokens (measured here) {shown}; "
+            f"draft forward {c.draft_ms:.1f} ms"
+        )
+
+
+def run_bench(opts: BenchOptions, base: SageConfig, methods: list[MethodSpec]) -> int:
+    """Run ``sage bench``; returns the exit code."""
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    setup = build_setup(opts, base)
+    params = SamplingParams(opts.temperature, opts.top_k, opts.top_p, opts.new_tokens, (setup.eos_token_id,), opts.seed)
+    device = opts.torch_device()
+    sampling = "greedy" if opts.temperature <= 0 else f"temperature {opts.temperature}"
+    print(
+        f"target: {setup.target_desc}\ndraft:  {setup.draft_desc}\n"
+        f"device: {device} ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)\n"
+        f"prompts: {len(setup.requests)} x {opts.new_tokens} new tokens, batch {opts.batch_size}, {sampling}",
+        flush=True,
+    )
+    results = run_methods(setup.engine, methods, setup.requests, params, opts.batch_size, opts.warmup, opts.progress)
+    summary = summarize(results, bench_config(opts, base, methods, setup))
+    print_report(summary, opts, setup.engine)
+    if opts.json:
+        Path(opts.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(opts.json).write_text(json.dumps(summary, indent=2))
+        print(f"wrote {opts.json}")
+    if opts.plots:
+        for path in write_plots(results, summary, Path(opts.plots)):
+            print(f"wrote {path}")
+    return 0
