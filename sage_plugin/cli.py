@@ -3,6 +3,7 @@
 ``sage bench``        compare ar / chain / static / eagle2 / sage (and ablations) on bundled prompts.
 ``sage train-draft``  distil a draft model for a target (see :mod:`sage_plugin.train.draft`).
 ``sage bench-serving`` SGLang with SAGE vs plain SGLang, side by side (see :mod:`sage_plugin.bench.serving`).
+``sage trtllm-serve`` TensorRT-LLM's OpenAI server with SAGE (see :mod:`sage_plugin.runtimes.trtllm.serve`).
 """
 
 from __future__ import annotations
@@ -135,6 +136,30 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
     return 0 if all(r["identical_outputs"] for r in report["rows"]) else 1
 
 
+def _trtllm_serve_parser(sub) -> None:
+    p = sub.add_parser("trtllm-serve", help="TensorRT-LLM's OpenAI server with SAGE (needs tensorrt_llm and a GPU)")
+    p.add_argument("--config", required=True, help="SAGE launch YAML (engine_configs/trtllm/, docs/trtllm.md)")
+    p.add_argument("--model", default=None, help="target model (overrides the file's model)")
+    p.add_argument("--host", default=None, help="overrides serve.host")
+    p.add_argument("--port", type=int, default=None, help="overrides serve.port")
+    p.add_argument("--check", action="store_true", help="check the launch and print it; needs no TensorRT-LLM")
+    p.add_argument(
+        "--skip-contract-check", action="store_true", help="warn instead of failing when TensorRT-LLM's interfaces "
+        "differ from the recorded ones (untested combination)",
+    )  # fmt: skip
+
+
+def trtllm_serve_main(args: argparse.Namespace) -> int:
+    """``sage trtllm-serve``: check the launch file (before anything starts), then serve (or print it with --check)."""
+    from .runtimes.trtllm.serve import describe_launch, load_cli_launch, serve
+
+    launch = load_cli_launch(args.config, model=args.model, host=args.host, port=args.port)
+    if args.check:
+        print(describe_launch(launch))
+        return 0
+    return serve(launch, skip_check=args.skip_contract_check)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sage", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="WARNING")
@@ -144,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
 
     add_train_args(sub.add_parser("train-draft", help="distil a draft model for a target (resumable; CPU or CUDA)"))
     _serving_parser(sub)
+    _trtllm_serve_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -151,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             return bench_main(args)
         if args.command == "bench-serving":
             return serving_main(args, dict(os.environ))
+        if args.command == "trtllm-serve":
+            return trtllm_serve_main(args)
         from .train.draft import train_draft
 
         return train_draft(args) or 0

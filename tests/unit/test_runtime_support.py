@@ -22,6 +22,8 @@ from sage_plugin.config import ConfigError, SageConfig
 from sage_plugin.engines.support import REFERENCE_SUPPORT
 from sage_plugin.runtimes.sglang.args import flag_name
 from sage_plugin.runtimes.sglang.support import SGLANG_SUPPORT
+from sage_plugin.runtimes.trtllm.config import parse_launch
+from sage_plugin.runtimes.trtllm.support import TRTLLM_SUPPORT, TRTLLM_TREE_SUPPORT
 from sage_plugin.support import support_matrix
 
 from .config_cases import OTHER_VALUES
@@ -42,6 +44,22 @@ def _sglang_launch(cfg: SageConfig) -> None:
     SGLANG_SUPPORT.check(cfg, name=flag_name)
 
 
+def _trtllm_launch(cfg: SageConfig) -> None:
+    """What ``sage trtllm-serve`` checks before anything starts: a drafter-tier launch file with this sage: section."""
+    parse_launch({"tier": "drafter", "model": "target", "sage": cfg.to_dict()})
+
+
+_EAGLE3_TREE = {"decoding_type": "Eagle3", "use_dynamic_tree": True, "dynamic_tree_max_topK": 8, "max_draft_len": 6}
+
+
+def _trtllm_tree_launch(cfg: SageConfig) -> None:
+    """The same for the dynamic-tree tier."""
+    spec = {**_EAGLE3_TREE, "speculative_model": "eagle3-head"}
+    parse_launch(
+        {"tier": "dynamic_tree", "model": "target", "llm": {"speculative_config": spec}, "sage": cfg.to_dict()}
+    )
+
+
 RUNTIMES = {
     "reference": (REFERENCE_SUPPORT, _reference_launch, str, ["core", "engines", "bench"]),
     "sglang": (
@@ -50,6 +68,19 @@ RUNTIMES = {
         flag_name,
         ["core/shape.py", "core/budgeted.py", "core/slots.py", "core/controller.py", "core/sage.py",
          "core/baselines.py", "runtimes/sglang"],
+    ),
+    "trtllm": (
+        TRTLLM_SUPPORT,
+        _trtllm_launch,
+        str,
+        ["core/shape.py", "core/slots.py", "core/controller.py", "core/entropy.py", "runtimes/trtllm"],
+    ),
+    "trtllm-tree": (
+        TRTLLM_TREE_SUPPORT,
+        _trtllm_tree_launch,
+        str,
+        ["core/shape.py", "core/budgeted.py", "core/slots.py", "core/controller.py", "core/entropy.py",
+         "runtimes/trtllm"],
     ),
 }  # fmt: skip
 
