@@ -3,6 +3,7 @@
 ``sage bench``        compare ar / chain / static / eagle2 / sage (and ablations) on bundled prompts.
 ``sage train-draft``  distil a draft model for a target (see :mod:`sage_plugin.train.draft`).
 ``sage bench-serving`` SGLang with SAGE vs plain SGLang, side by side (see :mod:`sage_plugin.bench.serving`).
+``sage build-vlm``    build the demo VLM SGLang serves on CPU (Qwen-VL on SmolLM2) and its draft; print both paths.
 ``sage trtllm-serve`` TensorRT-LLM's OpenAI server with SAGE (see :mod:`sage_plugin.runtimes.trtllm.serve`).
 """
 
@@ -98,42 +99,76 @@ def bench_main(args: argparse.Namespace) -> int:
 
 def _serving_parser(sub) -> None:
     p = sub.add_parser("bench-serving", help="SGLang serving: SAGE vs plain decoding, side by side (needs sglang)")
-    p.add_argument("--config", default="engine_configs/sglang/smollm2_cpu_sage.yaml", help="SGLang --config YAML")
-    p.add_argument("--target", default=None, help="HF target dir (default: the SmolLM2 target, converted once)")
+    p.add_argument(
+        "--config", default=None, help="SGLang --config YAML (default: engine_configs/sglang/smollm2_cpu_sage.yaml, "
+        "or qwen2_vl_smollm2_cpu_sage.yaml for image prompts)",
+    )  # fmt: skip
+    p.add_argument("--datasets", default="text", choices=("text", "vlm"), help="bundled text or image prompts")
+    p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help='prompt file: {"turns": [...]} or '
+                   '{"prompt": ...} per line, optional "category" and "image" (a path; serves the VLM target)')  # fmt: skip
+    p.add_argument("--target", default=None, help="HF target dir (default: SmolLM2, or Qwen2-VL on SmolLM2 for images)")
     p.add_argument("--draft", default=None, help="draft dir or EAGLE head (default: the bundled SmolLM2 draft)")
     p.add_argument("--batch-sizes", default="1,8", help="comma list of concurrent requests per batch")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3, help="batches per batch size (server order alternates)")
-    p.add_argument("--num-prompts", type=int, default=16, help="bundled prompts to draw batches from")
+    p.add_argument("--num-prompts", type=int, default=16, help="prompts to draw batches from")
     p.add_argument("--libcuda-dir", default=".sglang-libcuda", help="where tools/setup_sglang.sh unpacked libcuda")
     p.add_argument("--log-dir", default="out/bench-serving", help="server logs")
     p.add_argument("--json", default=None, help="write the report as JSON")
 
 
 def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
-    from .bench.serving import format_table, run_serving_bench
-    from .data.prompts import mixed_text_prompts, render_chat
-    from .models import bundled_draft_dir, ensure_smollm2, load_tokenizer
+    from .bench.serving import format_table, run_serving_bench, serving_requests
+    from .data.prompts import load_prompt_file, load_prompts, mixed_text_prompts
+    from .engines.vlm import ensure_qwen_vl_smollm2
+    from .models import bundled_draft_dir, ensure_smollm2
     from .runtimes.sglang.cpu_env import cpu_launch_env, unpacked_libcuda
 
-    target = Path(args.target) if args.target else ensure_smollm2()
-    draft = Path(args.draft) if args.draft else bundled_draft_dir()
+    if args.prompts:
+        prompts = load_prompt_file(args.prompts, limit=args.num_prompts)
+    elif args.datasets == "vlm":
+        prompts = load_prompts("vlm", args.num_prompts)
+    else:
+        prompts = mixed_text_prompts(args.num_prompts)
+    images = any(p.image for p in prompts)
+    if images and (args.target is None or args.draft is None):
+        vlm_target, vlm_draft = ensure_qwen_vl_smollm2("qwen2_vl")
+        target, draft = Path(args.target or vlm_target), Path(args.draft or vlm_draft)
+    else:
+        target = Path(args.target) if args.target else ensure_smollm2()
+        draft = Path(args.draft) if args.draft else bundled_draft_dir()
     if draft is None:
         raise ConfigError("--draft: no bundled draft found; pass a draft model or EAGLE head directory")
+    config = args.config or f"engine_configs/sglang/{'qwen2_vl_smollm2' if images else 'smollm2'}_cpu_sage.yaml"
     lib = unpacked_libcuda(args.libcuda_dir)  # a CPU machine set up by tools/setup_sglang.sh
     env = cpu_launch_env(environ, lib) if lib is not None else dict(environ)
-    tok = load_tokenizer(target)
-    prompts = [tok.decode(render_chat(tok, p)) for p in mixed_text_prompts(args.num_prompts)]
     report = run_serving_bench(
-        config=Path(args.config).resolve(), target=target, draft=draft.resolve(), env=env,
+        config=Path(config).resolve(), target=target, draft=draft.resolve(), env=env,
         log_dir=Path(args.log_dir), batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
-        max_new_tokens=args.max_new_tokens, repeats=args.repeats, prompts=prompts,
+        max_new_tokens=args.max_new_tokens, repeats=args.repeats, requests=serving_requests(prompts, target),
     )  # fmt: skip
     report["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
+    report["prompts"] = args.prompts or args.datasets
     print(format_table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0 if all(r["identical_outputs"] for r in report["rows"]) else 1
+
+
+def _build_vlm_parser(sub) -> None:
+    p = sub.add_parser("build-vlm", help="build the CPU demo VLM (Qwen-VL on SmolLM2) and its padded draft, once")
+    p.add_argument("--kind", default="qwen2_vl", choices=("qwen2_vl", "qwen2_5_vl"))
+    p.add_argument("--cache-dir", default=None, help="where converted models are cached")
+
+
+def build_vlm_main(args: argparse.Namespace) -> int:
+    """``sage build-vlm``: the target and draft directories for ``--model-path`` / ``--speculative-draft-model-path``."""
+    from .engines.vlm import ensure_qwen_vl_smollm2
+    from .models import DEFAULT_CACHE_DIR
+
+    target, draft = ensure_qwen_vl_smollm2(args.kind, Path(args.cache_dir) if args.cache_dir else DEFAULT_CACHE_DIR)
+    print(f"target: {target}\ndraft:  {draft}")
+    return 0
 
 
 def _trtllm_serve_parser(sub) -> None:
@@ -169,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
     add_train_args(sub.add_parser("train-draft", help="distil a draft model for a target (resumable; CPU or CUDA)"))
     _serving_parser(sub)
+    _build_vlm_parser(sub)
     _trtllm_serve_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -177,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             return bench_main(args)
         if args.command == "bench-serving":
             return serving_main(args, dict(os.environ))
+        if args.command == "build-vlm":
+            return build_vlm_main(args)
         if args.command == "trtllm-serve":
             return trtllm_serve_main(args)
         from .train.draft import train_draft

@@ -2,8 +2,8 @@
 
 Two ``python -m sglang.launch_server`` processes run at once (each in its own process group, on 127.0.0.1): plain
 decoding (the SAGE config's flags minus the speculative ones) and SAGE (``--config`` YAML plus target and draft).
-For each batch size B the same B prompts (bundled MT-Bench / GSM8K / HumanEval, chat template applied) are sent
-concurrently, greedy, ``max_new_tokens`` each, to one server then the other, alternating which goes first per
+For each batch size B the same B prompts (bundled MT-Bench / GSM8K / HumanEval, the bundled image prompts, or a
+prompt file; chat template applied, images as base64 ``image_data``) are sent concurrently, greedy, ``max_new_tokens`` each, to one server then the other, alternating which goes first per
 repeat, so machine noise hits both alike.  Reported per batch size: output tokens/s of each (completion tokens
 over the wall time of the batch, prefill included), the ratio, SGLang's mean ``spec_accept_length``, SAGE's
 per-request means (``meta_info["sage"]``), and whether every output equals plain decoding token for token.
@@ -30,7 +30,10 @@ from typing import Any, Callable
 
 import yaml
 
-__all__ = ["SERVER_START_TIMEOUT_S", "Server", "parallel", "plain_flags", "run_serving_bench"]
+from ..data.prompts import Prompt, image_data_url, multimodal_messages, render_chat
+from ..models import load_tokenizer
+
+__all__ = ["SERVER_START_TIMEOUT_S", "Server", "parallel", "plain_flags", "run_serving_bench", "serving_requests"]
 
 SERVER_START_TIMEOUT_S = 420
 #: SGLang flags (YAML keys) that belong to speculative decoding: dropped from the plain server's flags
@@ -146,9 +149,30 @@ class _Side:
     sage: list[dict] = field(default_factory=list)
 
 
-def _run_batch(server: Server, prompts: list[str], max_new_tokens: int, side: _Side) -> list[list[int]]:
+def serving_requests(prompts: list[Prompt], target: Path) -> list[dict[str, Any]]:
+    """``/generate`` payloads (``text`` and, for a prompt with an image, ``image_data``) of ``prompts``.
+
+    The text is the prompt rendered by the target's own chat template: its tokenizer's for text prompts, its
+    processor's (with the image placeholder where the image goes) for image prompts.
+    """
+    from transformers import AutoProcessor
+
+    tok = load_tokenizer(target)
+    processor = AutoProcessor.from_pretrained(str(target)) if any(p.image for p in prompts) else None
+    out = []
+    for p in prompts:
+        if p.image is None:
+            out.append({"text": tok.decode(render_chat(tok, p))})
+            continue
+        text = processor.apply_chat_template(multimodal_messages(p), add_generation_prompt=True, tokenize=False)
+        out.append({"text": text, "image_data": [image_data_url(p.image)]})
+    return out
+
+
+def _run_batch(server: Server, requests: list[dict], max_new_tokens: int, side: _Side) -> list[list[int]]:
     t0 = time.perf_counter()
-    out = parallel(lambda p: server.generate(p, max_new_tokens), prompts)
+    params = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
+    out = parallel(lambda r: server.post("/generate", {**r, "sampling_params": params}), requests)
     side.seconds += time.perf_counter() - t0
     for o in out:
         meta = o["meta_info"]
@@ -161,8 +185,11 @@ def _run_batch(server: Server, prompts: list[str], max_new_tokens: int, side: _S
 
 def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str, str], log_dir: Path,
                       batch_sizes: list[int], max_new_tokens: int, repeats: int,
-                      prompts: list[str]) -> dict[str, Any]:  # fmt: skip
-    """Launch both servers, measure every batch size ``repeats`` times, stop both; returns the report dict."""
+                      requests: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """Launch both servers, measure every batch size ``repeats`` times, stop both; returns the report dict.
+
+    ``requests`` are ``/generate`` payloads without sampling parameters (:func:`serving_requests`).
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
     plain = Server(["--model-path", str(target), *plain_flags(config)], env, log_dir / "plain.log")
     try:
@@ -174,12 +201,13 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
     rows = []
     try:
         for server in (plain, sage):  # warm-up: first requests pay one-off costs
-            parallel(lambda p, s=server: s.generate(p, 8), prompts[:2])
+            parallel(lambda r, s=server: s.post("/generate", {**r, "sampling_params": {"max_new_tokens": 8}}),
+                     requests[:2])  # fmt: skip
         for bs in batch_sizes:
             sides = {"plain": _Side(), "sage": _Side()}
             same = True
             for r in range(repeats):
-                batch = [prompts[(r * bs + i) % len(prompts)] for i in range(bs)]
+                batch = [requests[(r * bs + i) % len(requests)] for i in range(bs)]
                 order = [("plain", plain), ("sage", sage)] if r % 2 == 0 else [("sage", sage), ("plain", plain)]
                 outs = {name: _run_batch(server, batch, max_new_tokens, sides[name]) for name, server in order}
                 same &= outs["plain"] == outs["sage"]

@@ -27,13 +27,17 @@ Prompts come in file order and ``limit`` keeps the first N, so every call is det
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
+import mimetypes
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from ..config import ConfigError
 
 __all__ = [
     "DATASETS",
@@ -43,9 +47,12 @@ __all__ = [
     "HUMANEVAL_SUFFIX",
     "Prompt",
     "data_dir",
+    "image_data_url",
+    "load_prompt_file",
     "load_prompts",
     "mixed_text_prompts",
     "multimodal_messages",
+    "openai_messages",
     "render_chat",
 ]
 
@@ -75,7 +82,8 @@ class Prompt:
     ``messages`` are chat messages (``{"role": ..., "content": str}``) ready for
     ``tokenizer.apply_chat_template``.  ``image`` is set for the ``vlm`` set only.
     ``completion_prefix`` (no bundled set uses it) is text the assistant turn should start with;
-    :func:`render_chat` appends its tokens after the generation prompt.
+    :func:`render_chat` appends its tokens after the generation prompt.  ``category`` is the set's own label
+    (MT-Bench's ``writing``, ``coding``, ...; a prompt file's ``category``), None where there is none.
     """
 
     id: str
@@ -83,6 +91,7 @@ class Prompt:
     messages: tuple[dict, ...]
     image: Path | None = None
     completion_prefix: str | None = None
+    category: str | None = None
 
 
 def data_dir() -> Path:
@@ -107,7 +116,9 @@ def _user(content: str) -> tuple[dict, ...]:
 
 def _make(dataset: str, index: int, rec: Mapping[str, Any]) -> Prompt:
     if dataset == "mt_bench":
-        return Prompt(id=str(rec["question_id"]), dataset=dataset, messages=_user(rec["turns"][0]))
+        return Prompt(
+            id=str(rec["question_id"]), dataset=dataset, messages=_user(rec["turns"][0]), category=rec.get("category")
+        )
     if dataset == "gsm8k":
         return Prompt(id=f"gsm8k/{index}", dataset=dataset, messages=_user(rec["question"] + GSM8K_SUFFIX))
     if dataset == "humaneval":
@@ -115,7 +126,10 @@ def _make(dataset: str, index: int, rec: Mapping[str, Any]) -> Prompt:
         return Prompt(id=str(rec["task_id"]), dataset=dataset, messages=_user(text))
     if dataset == "vlm":
         image = (data_dir() / "vlm" / rec["image"]).resolve()
-        return Prompt(id=str(rec["question_id"]), dataset=dataset, messages=_user(rec["text"]), image=image)
+        return Prompt(
+            id=str(rec["question_id"]), dataset=dataset, messages=_user(rec["text"]), image=image,
+            category=rec.get("category"),
+        )  # fmt: skip
     raise AssertionError(dataset)  # pragma: no cover - guarded by load_prompts
 
 
@@ -175,6 +189,70 @@ def multimodal_messages(prompt: Prompt) -> list[dict]:
     if prompt.image is not None:
         last_user = max(i for i, m in enumerate(msgs) if m.get("role") == "user")
         msgs[last_user]["content"] = [{"type": "image", "path": str(prompt.image)}, *msgs[last_user]["content"]]
+    return msgs
+
+
+def load_prompt_file(
+    path: str | Path, limit: int | None = None, categories: Sequence[str] | None = None
+) -> list[Prompt]:
+    """Prompts of a JSONL file, one per line, in the Spec-Bench / MT-Bench question format.
+
+    Each line is ``{"turns": [first, ...]}`` (the first turn is the prompt) or ``{"prompt": text}``, with optional
+    ``"question_id"`` / ``"id"``, ``"category"`` and ``"image"`` (a path, relative to the file's folder, for VLM
+    serving).  ``categories`` keeps only those categories; ``limit`` the first N that remain.
+
+    Raises:
+        ConfigError: an unreadable file or a line that is not such a record (the message names the line).
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"--prompts {path}: cannot read the file ({exc.strerror or exc})") from None
+    out: list[Prompt] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            text = rec["turns"][0] if "turns" in rec else rec["prompt"]
+            if not isinstance(text, str) or not text:
+                raise TypeError("the prompt is not a non-empty string")
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ConfigError(
+                f'--prompts {path}:{n}: expected {{"turns": [...]}} or {{"prompt": ...}} ({exc})'
+            ) from None
+        category = rec.get("category")
+        if categories is not None and category not in categories:
+            continue
+        image = (path.parent / rec["image"]).resolve() if rec.get("image") else None
+        rid = str(rec.get("question_id", rec.get("id", f"{path.stem}/{n}")))
+        out.append(Prompt(id=rid, dataset=path.stem, messages=_user(text), image=image, category=category))
+    if not out:
+        raise ConfigError(f"--prompts {path}: no prompt" + (f" in categories {list(categories)}" if categories else ""))
+    return out[:limit] if limit else out
+
+
+def image_data_url(path: str | Path) -> str:
+    """A ``data:`` URL with the file's bytes in base64 (the OpenAI API's inline ``image_url``).
+
+    >>> image_data_url(data_dir() / "vlm" / "clevr_examples" / "images" / "img5.png")[:22]
+    'data:image/png;base64,'
+    """
+    path = Path(path)
+    mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
+
+
+def openai_messages(prompt: Prompt, images: Sequence[str | Path] = ()) -> list[dict]:
+    """``prompt.messages`` for ``/v1/chat/completions``: the last user turn gets ``image_url`` parts (base64 data
+    URLs) for ``prompt.image`` and then ``images``, before its text."""
+    msgs = [dict(m) for m in prompt.messages]
+    paths = ([prompt.image] if prompt.image is not None else []) + list(images)
+    if paths:
+        last_user = max(i for i, m in enumerate(msgs) if m.get("role") == "user")
+        parts = [{"type": "image_url", "image_url": {"url": image_data_url(p)}} for p in paths]
+        msgs[last_user]["content"] = [*parts, {"type": "text", "text": msgs[last_user]["content"]}]
     return msgs
 
 

@@ -39,3 +39,20 @@ def test_format_table():
     assert table[0].startswith("SGLang serving, SAGE vs plain, greedy, 64 new tokens")
     assert table[4] == "| 1 | 14.8 | 7.7 | 0.52x | 1.80 | 0.41 | 2.60 | 2.80 | yes |"
     assert table[5] == "| 8 | 52.4 | 28.4 | 0.54x | - | - | - | - | NO |"
+
+
+def test_serving_requests_render_text_and_image_prompts(tmp_path):
+    """Text prompts become the target's chat text; image prompts the processor's text with the image placeholder
+    and the image as base64 ``image_data`` (SGLang's native /generate API)."""
+    from sage_plugin.bench.serving import serving_requests
+    from sage_plugin.data.prompts import load_prompts, mixed_text_prompts
+    from sage_plugin.engines.vlm import build_tiny_vlm
+
+    target = build_tiny_vlm("qwen2_vl", tmp_path / "tiny")
+    text, image = mixed_text_prompts(1)[0], load_prompts("vlm", 1)[0]
+    plain, vlm = serving_requests([text, image], target)
+    assert set(plain) == {"text"} and text.messages[-1]["content"] in plain["text"]
+    assert plain["text"].rstrip().endswith("assistant")
+    assert "<|vision_start|><|image_pad|><|vision_end|>" in vlm["text"]
+    assert image.messages[-1]["content"] in vlm["text"]
+    assert len(vlm["image_data"]) == 1 and vlm["image_data"][0].startswith("data:image/png;base64,")

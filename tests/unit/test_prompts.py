@@ -261,3 +261,54 @@ def test_render_chat_real_smollm2_tokenizer():
         assert text.startswith("<|im_start|>")
         assert p.messages[0]["content"] in text
         assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_prompt_file_formats_categories_and_images(tmp_path):
+    from sage_plugin.data.prompts import load_prompt_file
+
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "a.png").write_bytes(b"png")
+    path = tmp_path / "mine.jsonl"
+    path.write_text(
+        '{"question_id": 7, "category": "writing", "turns": ["Write a haiku.", "Another one."]}\n'
+        "\n"
+        '{"prompt": "What is 2 + 2?", "category": "math"}\n'
+        '{"id": "v1", "prompt": "Describe it.", "image": "img/a.png"}\n'
+    )
+    got = load_prompt_file(path)
+    assert [p.id for p in got] == ["7", "mine/3", "v1"]
+    assert got[0].messages == ({"role": "user", "content": "Write a haiku."},)  # the first turn
+    assert [p.category for p in got] == ["writing", "math", None]
+    assert got[2].image == (tmp_path / "img" / "a.png").resolve() and got[0].image is None
+    assert [p.id for p in load_prompt_file(path, categories=["math"])] == ["mine/3"]
+    assert len(load_prompt_file(path, limit=2)) == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("not json\n", ":1: expected"), ('{"turns": []}\n', ":1: expected"), ('{"prompt": ""}\n{"x": 1}\n', ":1:"),
+     ('{"prompt": "a", "category": "c"}\n', "no prompt in categories")],
+)  # fmt: skip
+def test_prompt_file_errors_name_the_line(tmp_path, text, message):
+    from sage_plugin.config import ConfigError
+    from sage_plugin.data.prompts import load_prompt_file
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_prompt_file(path, categories=["other"] if "categories" in message else None)
+
+
+def test_openai_messages_put_images_before_the_text():
+    from sage_plugin.data.prompts import openai_messages
+
+    first, second = load_prompts("vlm", 2)
+    msgs = openai_messages(first, images=[second.image])
+    parts = msgs[-1]["content"]
+    assert [p["type"] for p in parts] == ["image_url", "image_url", "text"]
+    assert parts[0]["image_url"]["url"].startswith("data:image/png;base64,")
+    assert parts[2]["text"] == first.messages[-1]["content"]
+    assert (
+        openai_messages(load_prompts("mt_bench", 1)[0])[0]["content"]
+        == load_prompts("mt_bench", 1)[0].messages[0]["content"]
+    )

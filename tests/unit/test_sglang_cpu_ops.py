@@ -835,3 +835,16 @@ def test_top_k_top_p_renorm_match_a_per_row_reference(seed, rows, vocab):
             want = torch.tensor([float(probs[r, i]) if i in keep else 0.0 for i in range(vocab)], dtype=probs.dtype)
             torch.testing.assert_close(got[r], want / want.sum())
     assert torch.equal(top_k_renorm_prob_cpu(probs, vocab), probs / probs.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("name", sorted(cpu_ops.MODEL_ONLY_OPS))
+def test_model_only_ops_exist_and_refuse_to_run(name):
+    """The Qwen3.5 / Muse kernels SGLang's model modules look up at import time exist (so the Qwen-VL processors
+    register) and raise, naming themselves, if anything calls them."""
+    cpu_ops.register_cpu_ops(NS)
+    op = getattr(getattr(torch.ops, NS), name)
+    schema = op.default._schema
+    args = [torch.zeros(2, 4) if a.type.kind() == "TensorType" else (1e-6 if "float" in str(a.type) else 2)
+            for a in schema.arguments]  # fmt: skip
+    with pytest.raises(NotImplementedError, match=name):
+        op(*args)

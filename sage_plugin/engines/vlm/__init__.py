@@ -3,6 +3,8 @@
 * :mod:`.build`: offline demo VLMs built from configs (no model hub): tiny random Qwen2-VL /
   Qwen2.5-VL / LLaVA-OneVision (:func:`build_tiny_vlm`), SmolVLM whose text model is the real
   SmolLM2-135M-Instruct (:func:`build_smolvlm`), and :func:`load_vlm`.
+* :mod:`.qwen_smollm2`: Qwen2-VL / Qwen2.5-VL whose language model is the real SmolLM2-135M-Instruct (what SGLang
+  serves on CPU: it has no SmolVLM) and the bundled draft padded to its vocabulary (:func:`ensure_qwen_vl_smollm2`).
 * :mod:`.scores`: visual-attention score collection during a prefill (:data:`SCORE_ATTN`) and
   SpecVLM's two-stage visual-token selection (:func:`select_visual_keep`).
 * :mod:`.model`: multimodal requests (:func:`make_vlm_request`, :class:`VLMInput`), the VLM
@@ -14,9 +16,11 @@ from __future__ import annotations
 
 from .build import TINY_KINDS, VOCAB_SEED, build_smolvlm, build_tiny_vlm, load_vlm
 from .model import TextDraftForVLM, VLMInput, VLMModel, make_vlm_request
+from .qwen_smollm2 import QWEN_VL_KINDS, build_qwen_vl_smollm2, build_vlm_text_draft, ensure_qwen_vl_smollm2
 from .scores import SCORE_ATTN, select_visual_keep
 
 __all__ = [
+    "QWEN_VL_KINDS",
     "TINY_KINDS",
     "VOCAB_SEED",
     "SCORE_ATTN",
@@ -24,7 +28,10 @@ __all__ = [
     "VLMModel",
     "TextDraftForVLM",
     "build_tiny_vlm",
+    "build_qwen_vl_smollm2",
     "build_smolvlm",
+    "build_vlm_text_draft",
+    "ensure_qwen_vl_smollm2",
     "load_vlm",
     "make_vlm_request",
     "select_visual_keep",

@@ -140,6 +140,20 @@ class SageDraftMixin(EagleDraftWorkerBase):
         self.sage_round = upd[1:].t().float().contiguous()  # [B, 4] for meta_info (meta.SageRoundDevice)
         return out
 
+    def _draft_extend_for_prefill(self, batch: Any, *args: Any, **kwargs: Any):
+        """Before the draft's prefill of a multimodal batch, map SGLang's image pad values into the draft's vocabulary.
+
+        SGLang fills a prompt's image positions with hash values (its radix-cache keys for the image) and clamps them
+        to the vocabulary only inside the target's multimodal embedding; a standalone text draft would index its
+        embedding with the hashes.  Every id past the draft's vocabulary becomes its last id, as the target's clamp
+        does, so the draft reads one placeholder token per image position (``docs/sglang.md``, "VLMs").
+        """
+        mm = getattr(batch, "multimodal_inputs", None)
+        if mm and any(x is not None for x in mm) and batch.input_ids is not None:
+            vocab = self.draft_runner.model_config.vocab_size
+            batch.input_ids = batch.input_ids.clamp(max=vocab - 1)
+        return super()._draft_extend_for_prefill(batch, *args, **kwargs)
+
     def init_cuda_graphs(self):
         # the captured draft step must contain SAGE's selection (reading the persistent shape buffers)
         self._ensure_sage_state()

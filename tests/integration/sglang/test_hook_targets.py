@@ -57,6 +57,7 @@ USED_SYMBOLS = [
     "sglang.srt.speculative.eagle_worker_v2.organize_draft_results",
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill",  # VLM prompts, INDEX.md
     "sglang.srt.speculative.base_spec_worker.EagleDraftWorkerBase",
     # meta_info["sage"] (meta.py): the auxiliary-output contract and the request-level key of the streamer
     "sglang.srt.managers.auxiliary_output.append_auxiliary_output",

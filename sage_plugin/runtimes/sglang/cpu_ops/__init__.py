@@ -26,6 +26,10 @@ Modules (semantics and shapes in each docstring):
   paged attention: prefill / extend, decode, multi-step draft decode, TARGET_VERIFY with the QLEN_ONLY tree
   mask, DRAFT_EXTEND).
 
+* :mod:`.model_ops`: ``fused_sigmoid_mul_cpu``, ``fused_qk_gemma_rmsnorm_cpu``,
+  ``fused_qk_gemma_rmsnorm_with_gate_cpu``, ``fused_qkvzba_split_reshape_cat_contiguous_cpu``: defined so that
+  SGLang's model modules (and with them the Qwen-VL multimodal processors) import; calling one raises.
+
 * :mod:`.sampling_ops`: ``tree_speculative_sampling_target_only_cpu``, ``top_k_renorm_prob_cpu``,
   ``top_p_renorm_prob_cpu``.  These are not ``torch.ops``: SGLang 0.5.23 binds the sampling-verify kernels as
   Python names in ``eagle_utils`` (``None`` on CPU, where it then verifies every request greedily); hook #6
@@ -51,6 +55,7 @@ from .cache_ops import (
     fill_bonus_tokens_cpu,
     rotate_input_ids_cpu,
 )
+from .model_ops import MODEL_ONLY_OPS, unsupported_op
 from .tree_ops import (
     FULL_MASK,
     QLEN_ONLY,
@@ -62,6 +67,7 @@ from .tree_ops import (
 
 __all__ = [
     "CPU_OP_NAMES",
+    "MODEL_ONLY_OPS",
     "FULL_MASK",
     "QLEN_ONLY",
     "QLEN_ONLY_BITPACKING",
@@ -169,6 +175,8 @@ _OPS: dict[str, tuple[str, Callable, Callable | None]] = {
         None,
     ),
 }
+# ops that only have to exist (SGLang's model modules look them up at import time); calling one raises
+_OPS.update({name: (schema, unsupported_op(name), unsupported_op(name)) for name, schema in MODEL_ONLY_OPS.items()})
 
 CPU_OP_NAMES: tuple[str, ...] = tuple(_OPS)
 

@@ -1,0 +1,181 @@
+"""End to end on CPU: SGLang serves a VLM with ``--speculative-algorithm sage``, image prompts over the OpenAI API.
+
+The target is Qwen2-VL whose language model is the real SmolLM2-135M-Instruct (tiny random vision tower, built once
+offline: ``sage_plugin.engines.vlm.qwen_smollm2``); the draft is the bundled SmolLM2 draft padded to the target's
+vocabulary, reading one placeholder id per image position.  Two servers (plain decoding and SAGE, from
+``engine_configs/sglang/qwen2_vl_smollm2_cpu_sage.yaml``) get the same requests: bundled licensed images as base64
+``image_url`` parts in ``/v1/chat/completions``, text-only requests mixed in, two images in one request, and broken
+images.  Greedy outputs must be identical; a bad image is a 400 and the server goes on serving; the KV pool returns
+to its starting size.  Qwen2.5-VL gets the same identity check on fewer prompts.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sage_plugin.bench.serving import Server, parallel, plain_flags  # noqa: E402
+from sage_plugin.data.prompts import load_prompts, mixed_text_prompts, openai_messages  # noqa: E402
+
+from .conftest import REPO  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+CONFIGS = {
+    "qwen2_vl": REPO / "engine_configs" / "sglang" / "qwen2_vl_smollm2_cpu_sage.yaml",
+    "qwen2_5_vl": REPO / "engine_configs" / "sglang" / "qwen2_5_vl_smollm2_cpu_sage.yaml",
+}
+NEW_TOKENS = 24
+
+
+def _start(kind: str, launch_env, logs):
+    from sage_plugin.engines.vlm import ensure_qwen_vl_smollm2
+
+    target, draft = ensure_qwen_vl_smollm2(kind)
+    config = CONFIGS[kind]
+    plain = Server(["--model-path", str(target), *plain_flags(config)], launch_env, logs / f"{kind}-plain.log")
+    try:
+        sage = Server(["--config", str(config), "--model-path", str(target),
+                       "--speculative-draft-model-path", str(draft)], launch_env, logs / f"{kind}-sage.log")  # fmt: skip
+    except BaseException:
+        plain.stop()
+        raise
+    return plain, sage
+
+
+@pytest.fixture(scope="module")
+def servers(launch_env, target_dir, tmp_path_factory):
+    plain, sage = _start("qwen2_vl", launch_env, tmp_path_factory.mktemp("vlm_logs"))
+    yield plain, sage
+    sage.stop()
+    plain.stop()
+
+
+@pytest.fixture(scope="module")
+def kv_start(servers):
+    _, sage = servers
+    sage.post("/flush_cache", {})
+    return sage.get("/server_info")["internal_states"][0]["sage"]["kv_available_tokens"]
+
+
+def chat(server: Server, messages: list[dict], max_tokens: int = NEW_TOKENS) -> dict:
+    payload = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    return server.post("/v1/chat/completions", payload)
+
+
+def _answer(reply: dict) -> tuple[str, int]:
+    return reply["choices"][0]["message"]["content"], reply["usage"]["completion_tokens"]
+
+
+def _post_status(server: Server, payload: dict) -> tuple[int, str]:
+    req = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/chat/completions",
+                                 data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_image_prompts_equal_plain_serving(servers, kv_start):
+    plain, sage = servers
+    msgs = [openai_messages(p) for p in load_prompts("vlm", 6)]
+    ref = parallel(lambda m: chat(plain, m), msgs)
+    got = parallel(lambda m: chat(sage, m), msgs)
+    assert [_answer(g) for g in got] == [_answer(r) for r in ref]
+    assert all(g["usage"]["prompt_tokens_details"]["image_tokens"] > 0 for g in got)
+
+
+def test_text_and_image_requests_in_one_batch_equal_plain(servers, kv_start):
+    plain, sage = servers
+    vlm = [openai_messages(p) for p in load_prompts("vlm", 4)]
+    text = [p.messages for p in mixed_text_prompts(4)]
+    mixed = [m for pair in zip(vlm, text) for m in pair]
+    ref = parallel(lambda m: chat(plain, m), mixed)
+    got = parallel(lambda m: chat(sage, m), mixed)
+    assert [_answer(g) for g in got] == [_answer(r) for r in ref]
+
+
+def test_two_images_in_one_request(servers, kv_start):
+    plain, sage = servers
+    first, second = load_prompts("vlm", 2)
+    msgs = openai_messages(first, images=[second.image])
+    one = chat(sage, openai_messages(first))
+    ref, got = chat(plain, msgs), chat(sage, msgs)
+    assert _answer(got) == _answer(ref)
+    two_images = got["usage"]["prompt_tokens_details"]["image_tokens"]
+    assert two_images > one["usage"]["prompt_tokens_details"]["image_tokens"] > 0
+
+
+def test_sage_rounds_and_acceptance_on_image_prompts(servers, kv_start):
+    """The native /generate API with ``image_data`` reports SAGE's per-request summary and SGLang's accept length."""
+    from transformers import AutoProcessor
+
+    from sage_plugin.data.prompts import image_data_url, multimodal_messages
+    from sage_plugin.engines.vlm import ensure_qwen_vl_smollm2
+
+    _, sage = servers
+    processor = AutoProcessor.from_pretrained(str(ensure_qwen_vl_smollm2("qwen2_vl")[0]))
+    prompts = load_prompts("vlm", 4)
+    texts = [processor.apply_chat_template(multimodal_messages(p), add_generation_prompt=True, tokenize=False)
+             for p in prompts]  # fmt: skip
+    params = {"max_new_tokens": 32, "temperature": 0.0, "ignore_eos": True}  # decode rounds even if it would stop
+    outs = parallel(lambda i: sage.post("/generate", {"text": texts[i], "sampling_params": params,
+                                                      "image_data": [image_data_url(prompts[i].image)]}), range(4))  # fmt: skip
+    for o in outs:
+        meta = o["meta_info"]
+        [summary] = meta["sage"]
+        assert summary["rounds"] == meta["spec_verify_ct"] >= 1
+        assert meta["prompt_tokens"] > 40  # the image's tokens are in the prompt
+    assert sum(o["meta_info"]["spec_accept_length"] for o in outs) / len(outs) > 1.0
+
+
+@pytest.mark.parametrize(
+    ("url", "what"),
+    [
+        ("data:image/png;base64," + base64.b64encode(b"not an image at all" * 10).decode(), "unreadable bytes"),
+        ("data:image/png;base64,@@@not-base64@@@", "broken base64"),
+        ("data:text/plain;base64," + base64.b64encode(b"hello").decode(), "not an image type"),
+    ],
+)
+def test_bad_images_are_a_400_and_the_server_keeps_serving(servers, kv_start, url, what):
+    plain, sage = servers
+    payload = {"model": "default", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is this?"}]}]}  # fmt: skip
+    status, body = _post_status(sage, payload)
+    assert status == 400, (what, status, body[:500])
+    ok = chat(sage, [{"role": "user", "content": "Say hello."}], max_tokens=8)
+    assert _answer(ok) == _answer(chat(plain, [{"role": "user", "content": "Say hello."}], max_tokens=8))
+
+
+def test_kv_pool_returns_to_its_starting_free_size(servers, kv_start):
+    _, sage = servers
+    sage.post("/flush_cache", {})
+    deadline = time.monotonic() + 60
+    while True:
+        info = sage.get("/server_info")["internal_states"][0]["sage"]
+        if info["kv_available_tokens"] == kv_start or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert info["kv_available_tokens"] == kv_start, (info, kv_start)
+
+
+def test_qwen2_5_vl_image_prompts_equal_plain(launch_env, target_dir, tmp_path):
+    plain, sage = _start("qwen2_5_vl", launch_env, tmp_path)
+    try:
+        msgs = [openai_messages(p) for p in load_prompts("vlm", 3)]
+        ref = parallel(lambda m: chat(plain, m), msgs)
+        got = parallel(lambda m: chat(sage, m), msgs)
+        info = sage.get("/server_info")
+    finally:
+        sage.stop()
+        plain.stop()
+    assert [_answer(g) for g in got] == [_answer(r) for r in ref]
+    assert info["internal_states"][0]["sage"]["sage_rounds"] > 0
