@@ -41,6 +41,10 @@ def _bench_parser(sub) -> None:
         default="mixed",
         help="mixed (round-robin mt_bench/gsm8k/humaneval), or comma list of mt_bench,gsm8k,humaneval,vlm",
     )
+    p.add_argument("--prompts", dest="prompts_file", default=None, metavar="FILE.jsonl",
+                   help='your prompts: {"turns": [...]} (first turn) or {"prompt": ...} per line, optional "category" '
+                   'and "image" (instead of --datasets)')  # fmt: skip
+    p.add_argument("--categories", default=None, help="with --prompts: comma list of categories to keep")
     p.add_argument("--num-prompts", type=int, default=None, help="prompts in total (default 20, quick 6)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 128, quick 64")
     p.add_argument("--batch-size", type=int, default=1)
@@ -70,6 +74,9 @@ def _bench_parser(sub) -> None:
     p.add_argument("--cache-dir", default=None, help="where converted models are cached")
     p.add_argument("--json", default=None, metavar="PATH", help="write results as JSON")
     p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots")
+    p.add_argument("--sweep-nodes", default=None, metavar="N,N,...",
+                   help="tau at equal node budgets: eagle2, topn, static, sage-paper, sage (and the oracle bound) at "
+                   "each N (with --methods: also those, e.g. ar)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -89,11 +96,15 @@ def bench_main(args: argparse.Namespace) -> int:
     """``sage bench``: validate the methods (before any model loads), then :func:`~.bench.command.run_bench`."""
     from .bench.command import BenchOptions, run_bench
     from .bench.methods import DEFAULT_METHODS, parse_methods
+    from .bench.sweep import sweep_methods
 
     base = _base_config(args.config, args.set)
-    methods = parse_methods(args.methods or ",".join(DEFAULT_METHODS), base)
     fields = {f.name for f in dataclasses.fields(BenchOptions)} - {"progress"}
     opts = BenchOptions(**{name: getattr(args, name) for name in fields}, progress=not args.no_progress)
+    if opts.sweep_sizes:  # plain decoding (speed-ups, the oracle) and every tree method at every budget
+        methods = parse_methods(args.methods or "ar", base) + sweep_methods(base, opts.sweep_sizes)
+    else:
+        methods = parse_methods(args.methods or ",".join(DEFAULT_METHODS), base)
     return run_bench(opts, base, methods)
 
 

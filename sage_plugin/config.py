@@ -133,6 +133,9 @@ class SageConfig:
     eagle_depth: int = 7  # EAGLE-2 expansion levels (the baseline: depth 7, top-k 10, 60 nodes)
     eagle_total_tokens: int = 60  # EAGLE-2 final rerank budget (draft nodes)
     chain_depth: int = 5  # SD-Chain
+    topn_nodes: int = 60  # top-N tree (OPT-Tree style): nodes kept per level and verified
+    topn_threshold: float = 0.5  # ... grows a level while the expected gain of the previous one exceeds this
+    topn_max_depth: int = 10  # ... and at most this deep
     static_tree: tuple[tuple[int, ...], ...] = field(default=MC_SIM_7B_63)
     # -- VLM draft-side visual-token pruning (SpecVLM) ------------------------------------------
     prune_ratio_image: float = 0.8
@@ -171,6 +174,9 @@ class SageConfig:
         _int_in("eagle_depth", self.eagle_depth, 1, 64)
         _int_in("eagle_total_tokens", self.eagle_total_tokens, 1, 1024)
         _int_in("chain_depth", self.chain_depth, 1, 64)
+        _int_in("topn_nodes", self.topn_nodes, 1, 1024)
+        _float_in("topn_threshold", self.topn_threshold, 0.0, 1e6)
+        _int_in("topn_max_depth", self.topn_max_depth, 1, 64)
         # the static tree's ranks must fit k only where it is used (static, SAGE's first round)
         uses_static = POLICIES[self.policy].uses_static_tree(self)
         _validate_tree_choices("static_tree", self.static_tree, self.k if uses_static else 64)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError, SageConfig
-from ..data.prompts import load_prompts, mixed_text_prompts, render_chat
+from ..data.prompts import Prompt, load_prompt_file, load_prompts, mixed_text_prompts, render_chat
 from ..engines.lm import GenRequest, TextModel, load_causal_lm
 from ..engines.speculative import SamplingParams, SpecEngine
 from ..engines.vlm import TextDraftForVLM, VLMModel, build_smolvlm, load_vlm, make_vlm_request
@@ -29,8 +29,9 @@ from ..models import (
     truncated_draft,
 )
 from .methods import MethodSpec
-from .report import markdown_table, summarize, write_plots
+from .report import category_table, markdown_table, summarize, write_plots
 from .run import run_methods
+from .sweep import oracle_tau, sweep_summary, sweep_table, write_sweep_plot
 
 __all__ = ["BenchOptions", "BenchSetup", "bench_config", "build_setup", "print_report", "run_bench"]
 
@@ -49,6 +50,8 @@ class BenchOptions:
     top_p: float = 1.0
     seed: int = 0
     warmup: int = 1
+    prompts_file: str | None = None
+    categories: str | None = None
     target: str | None = None
     draft: str | None = None
     draft_vlm: str | None = None
@@ -58,6 +61,7 @@ class BenchOptions:
     cache_dir: str | None = None
     json: str | None = None
     plots: str | None = None
+    sweep_nodes: str | None = None
     progress: bool = True
 
     @property
@@ -67,6 +71,17 @@ class BenchOptions:
     @property
     def new_tokens(self) -> int:
         return self.max_new_tokens or (64 if self.quick else 128)
+
+    @property
+    def sweep_sizes(self) -> list[int]:
+        """The ``--sweep-nodes`` budgets (empty without a sweep)."""
+        try:
+            sizes = [int(x) for x in self.sweep_nodes.split(",")] if self.sweep_nodes else []
+        except ValueError:
+            raise ConfigError(f"--sweep-nodes must be a comma list of node counts, got {self.sweep_nodes!r}") from None
+        if any(n < 1 for n in sizes):
+            raise ConfigError(f"--sweep-nodes must be positive, got {self.sweep_nodes!r}")
+        return sizes
 
     @property
     def cache(self) -> Path:
@@ -87,6 +102,7 @@ class BenchSetup:
     eos_token_id: int
     target_desc: str
     draft_desc: str
+    categories: dict[str, str] | None = None  # request id -> category (per-category tau in the report)
 
 
 def _draft(opts: BenchOptions, target_dir: Path) -> tuple[Path, str]:
@@ -103,6 +119,18 @@ def _draft(opts: BenchOptions, target_dir: Path) -> tuple[Path, str]:
     return truncated_draft(target_dir, opts.standin_layers, opts.cache), desc
 
 
+def _prompts(opts: BenchOptions) -> list[Prompt]:
+    """The run's prompts: ``--prompts FILE`` (with ``--categories``), else the bundled ``--datasets``."""
+    if opts.prompts_file:
+        cats = opts.categories.split(",") if opts.categories else None
+        return load_prompt_file(opts.prompts_file, limit=opts.prompts, categories=cats)
+    if opts.categories:
+        raise ConfigError("--categories selects from a --prompts file")
+    if opts.datasets == "vlm":
+        return load_prompts("vlm", opts.prompts)
+    return _text_prompts(opts.datasets, opts.prompts)
+
+
 def _text_prompts(datasets: str, num: int):
     if datasets == "mixed":
         return mixed_text_prompts(num)
@@ -113,7 +141,7 @@ def _text_prompts(datasets: str, num: int):
     return [p for n in names for p in load_prompts(n, per)][:num]
 
 
-def _text_setup(opts: BenchOptions, target_dir: Path, draft_dir: Path, draft_desc: str, device) -> BenchSetup:
+def _text_setup(opts: BenchOptions, prompts, target_dir: Path, draft_dir: Path, draft_desc: str, device) -> BenchSetup:
     if opts.target:
         target_dir = Path(opts.target)
     tok = load_tokenizer(target_dir)
@@ -121,11 +149,13 @@ def _text_setup(opts: BenchOptions, target_dir: Path, draft_dir: Path, draft_des
         TextModel(load_causal_lm(target_dir, device)),
         TextModel(load_causal_lm(draft_dir, device), draft_head_ids(draft_dir)),
     )
-    requests = [GenRequest(render_chat(tok, p), request_id=p.id) for p in _text_prompts(opts.datasets, opts.prompts)]
+    requests = [GenRequest(render_chat(tok, p), request_id=p.id) for p in prompts]
     return BenchSetup(engine, requests, tok.eos_token_id, str(target_dir), draft_desc)
 
 
-def _vlm_setup(opts: BenchOptions, base: SageConfig, text_target: Path, draft_dir: Path, draft_desc: str, device):
+def _vlm_setup(
+    opts: BenchOptions, base: SageConfig, prompts, text_target: Path, draft_dir: Path, draft_desc: str, device
+):
     """The VLM image prompts.
 
     Target: ``--target`` (a saved VLM) or SmolVLM whose text model is the real SmolLM2 (built once, tiny random
@@ -146,18 +176,22 @@ def _vlm_setup(opts: BenchOptions, base: SageConfig, text_target: Path, draft_di
     else:
         draft = TextDraftForVLM(load_causal_lm(draft_dir, device), head_ids=draft_head_ids(draft_dir))
         draft_desc = f"{draft_desc}; text-only draft, visual tokens removed from its prompt"
-    requests = [make_vlm_request(processor, p) for p in load_prompts("vlm", opts.prompts)]
+    requests = [make_vlm_request(processor, p) for p in prompts]
     return BenchSetup(SpecEngine(target, draft), requests, processor.tokenizer.eos_token_id, target_desc, draft_desc)
 
 
 def build_setup(opts: BenchOptions, base: SageConfig) -> BenchSetup:
     """Load the target and draft (converting the bundled target once) and render the requests."""
     device = opts.torch_device()
+    prompts = _prompts(opts)
     target_dir = ensure_smollm2(opts.cache)
     draft_dir, draft_desc = _draft(opts, target_dir)
-    if opts.datasets == "vlm":
-        return _vlm_setup(opts, base, target_dir, draft_dir, draft_desc, device)
-    return _text_setup(opts, target_dir, draft_dir, draft_desc, device)
+    if any(p.image is not None for p in prompts):
+        setup = _vlm_setup(opts, base, prompts, target_dir, draft_dir, draft_desc, device)
+    else:
+        setup = _text_setup(opts, prompts, target_dir, draft_dir, draft_desc, device)
+    setup.categories = {p.id: p.category or p.dataset for p in prompts}
+    return setup
 
 
 def bench_config(opts: BenchOptions, base: SageConfig, methods: list[MethodSpec], setup: BenchSetup) -> dict[str, Any]:
@@ -176,7 +210,8 @@ def bench_config(opts: BenchOptions, base: SageConfig, methods: list[MethodSpec]
         "top_k": opts.top_k,
         "top_p": opts.top_p,
         "seed": opts.seed,
-        "datasets": opts.datasets,
+        "datasets": opts.prompts_file or opts.datasets,
+        "categories": opts.categories,
         "machine": platform.machine(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -191,6 +226,9 @@ def print_report(summary: dict, opts: BenchOptions, engine: SpecEngine) -> None:
     """The Markdown table, the tau convention and each measured cost curve."""
     print()
     print(markdown_table(summary, opts.temperature <= 0))
+    by_category = category_table(summary)
+    if by_category is not None:
+        print("\ntau by category:\n" + by_category)
     print("\ntau = decode tokens per target forward (bonus included; ar = 1.00); accepted/round excludes the bonus.")
     for (b, _, _), c in engine.round_costs.items():
         v = c.verify_ms
@@ -199,6 +237,17 @@ def print_report(summary: dict, opts: BenchOptions, engine: SpecEngine) -> None:
             f"node_budget=auto, batch {b}: target forward ms by verified tokens (measured here) {shown}; "
             f"draft forward {c.draft_ms:.1f} ms"
         )
+
+
+def _sweep(results: dict, setup: BenchSetup, base: SageConfig, sizes: list[int]) -> dict:
+    """The sweep's summary, with the oracle bound where plain decoding ran and the draft is a text model."""
+    oracle = None
+    ar, draft = results.get("ar"), setup.engine.draft
+    if ar is not None and type(draft) is TextModel:  # a text draft that reads the prompt as the target does
+        prompts = [r.prompt_ids for r in setup.requests]
+        outs = [ar.outputs[r.request_id] for r in setup.requests]
+        oracle = {n: oracle_tau(draft.sequence_logits, prompts, outs, base.k, n) for n in sizes}
+    return sweep_summary(results, sizes, oracle)
 
 
 def run_bench(opts: BenchOptions, base: SageConfig, methods: list[MethodSpec]) -> int:
@@ -216,8 +265,13 @@ def run_bench(opts: BenchOptions, base: SageConfig, methods: list[MethodSpec]) -
         flush=True,
     )
     results = run_methods(setup.engine, methods, setup.requests, params, opts.batch_size, opts.warmup, opts.progress)
-    summary = summarize(results, bench_config(opts, base, methods, setup))
+    summary = summarize(results, bench_config(opts, base, methods, setup), setup.categories)
     print_report(summary, opts, setup.engine)
+    if opts.sweep_sizes:
+        summary["sweep"] = _sweep(results, setup, base, opts.sweep_sizes)
+        print(
+            "\ntau (mean verified nodes) at an equal node budget N:\n" + sweep_table(summary["sweep"], opts.sweep_sizes)
+        )
     if opts.json:
         Path(opts.json).parent.mkdir(parents=True, exist_ok=True)
         Path(opts.json).write_text(json.dumps(summary, indent=2))
@@ -225,4 +279,6 @@ def run_bench(opts: BenchOptions, base: SageConfig, methods: list[MethodSpec]) -
     if opts.plots:
         for path in write_plots(results, summary, Path(opts.plots)):
             print(f"wrote {path}")
+        if "sweep" in summary:
+            print(f"wrote {write_sweep_plot(summary['sweep'], opts.sweep_sizes, Path(opts.plots))}")
     return 0

@@ -22,8 +22,25 @@ def _hist(values: list, bins: list[float] | None = None) -> dict[str, int]:
     return {key: counts[key] for key in sorted(counts)}
 
 
-def summarize(results: dict[str, MethodResult], config: dict) -> dict:
-    """The ``--json`` document: ``{"methods": {NAME: {...}}, "config": {...}}``."""
+def _per_category(r: MethodResult, categories: dict[str, str]) -> dict[str, dict]:
+    """``{category: {"tau", "requests", "exact_match"}}``: tau = decode tokens / target forwards of its requests."""
+    out: dict[str, dict] = {}
+    for rid, toks in r.outputs.items():
+        c = out.setdefault(categories.get(rid, "?"), {"tokens": 0, "forwards": 0, "requests": 0, "exact": 0})
+        c["tokens"] += max(0, len(toks) - 1)
+        c["forwards"] += r.forwards.get(rid, 0)
+        c["requests"] += 1
+        c["exact"] += rid not in {m["request_id"] for m in r.mismatches}
+    return {
+        cat: {"tau": round(c["tokens"] / max(1, c["forwards"]), 4), "requests": c["requests"],
+              "exact_match": round(c["exact"] / c["requests"], 4) if r.compared else None}
+        for cat, c in sorted(out.items())
+    }  # fmt: skip
+
+
+def summarize(results: dict[str, MethodResult], config: dict, categories: dict[str, str] | None = None) -> dict:
+    """The ``--json`` document: ``{"methods": {NAME: {...}}, "config": {...}}``; with ``categories`` (request id ->
+    category) each method also has ``"per_category": {CATEGORY: {"tau", "requests", "exact_match"}}``."""
     ar = results.get("ar")
     base = ar.tokens_per_s if ar is not None else float("nan")
     methods = {}
@@ -52,6 +69,8 @@ def summarize(results: dict[str, MethodResult], config: dict) -> dict:
             "width_hist": _hist([x.plan_width for x in rounds]),
             "mismatches": r.mismatches[:20],
         }
+        if categories:
+            methods[name]["per_category"] = _per_category(r, categories)
     return {"methods": methods, "config": config}
 
 
@@ -69,6 +88,21 @@ def markdown_table(summary: dict, greedy: bool) -> str:
             f"{exact} | {m['mean_nodes']:.1f} | {m['draft_forwards_per_round']:.1f} | "
             f"{m['policy_ms_per_round']:.2f} ({100 * m['policy_share']:.1f}%) |"
         )
+    return "\n".join(rows)
+
+
+def category_table(summary: dict) -> str | None:
+    """Markdown: tau by category (rows) and method (columns); None without categories."""
+    methods = {n: m["per_category"] for n, m in summary["methods"].items() if "per_category" in m}
+    cats = sorted({c for per in methods.values() for c in per})
+    if not methods or len(cats) < 2:
+        return None
+    names = list(methods)
+    rows = ["| category | requests | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for c in cats:
+        n = next(per[c]["requests"] for per in methods.values() if c in per)
+        taus = [f"{methods[m][c]['tau']:.2f}" if c in methods[m] else "-" for m in names]
+        rows.append(f"| {c} | {n} | " + " | ".join(taus) + " |")
     return "\n".join(rows)
 
 

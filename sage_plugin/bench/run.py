@@ -45,6 +45,7 @@ class MethodResult:
     policy_s: float = 0.0  # host time inside the tree policy's calls (part of decode_s; SpecEngine.last_policy_s)
     batch_rounds: int = 0  # batched rounds (target forwards of the whole batch)
     outputs: dict[str, list[int]] = field(default_factory=dict)
+    forwards: dict[str, int] = field(default_factory=dict)  # target forwards per request
     rounds: list = field(default_factory=list)  # (request_id, RoundLog) in order
     exact: int = 0
     compared: int = 0
@@ -99,6 +100,7 @@ def run_methods(
             res.batch_rounds += max(out.target_forwards for out in outs)
             for out in outs:
                 res.outputs[out.request_id] = out.tokens
+                res.forwards[out.request_id] = out.target_forwards
                 res.decode_tokens += max(0, len(out.tokens) - 1)
                 res.target_forwards += out.target_forwards
                 res.rounds.extend((out.request_id, r) for r in out.rounds)

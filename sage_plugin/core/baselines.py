@@ -6,7 +6,10 @@ All three keep their published fixed shapes (no adaptive state, no cost-aware cu
 * ``static``: a fixed rank-path tree (``static_tree``, SpecVLM's 25-node ``mc_sim_7b_63`` by default: rank path
   ``(0, 1)`` is the second most likely child of the root's most likely child);
 * ``eagle2``: EAGLE-2's expansion (the k best nodes of each level by path probability are expanded) and rerank
-  (the ``eagle_total_tokens`` best pool nodes by path probability are verified).
+  (the ``eagle_total_tokens`` best pool nodes by path probability are verified);
+* ``topn``: OPT-Tree's greedy top-N tree (each level keeps, and expands, the ``topn_nodes`` most probable of its
+  candidates; a level is added while the level before it raised the expected accepted length by more than
+  ``topn_threshold``; the ``topn_nodes`` most probable nodes of all levels are verified).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from .tree import DraftTree, codes_of_choices, tree_from_choices
 if TYPE_CHECKING:
     from ..config import SageConfig
 
-__all__ = ["ChainPolicy", "Eagle2Policy", "StaticPolicy"]
+__all__ = ["ChainPolicy", "Eagle2Policy", "StaticPolicy", "TopNPolicy", "rerank"]
 
 
 class ChainPolicy(FixedShapePolicy):
@@ -89,6 +92,16 @@ class StaticPolicy(FixedShapePolicy):
         return append(pool, c, keep, expand, c.joint, self.frontier_capacity)
 
 
+def rerank(pool: DraftPool, total: int, max_depth: int) -> DraftTree:
+    """The ``total`` most probable pool nodes (and the root), a tree because path probability never increases along a
+    path; ties to the earlier (parent-first) node."""
+    filled = torch.arange(pool.capacity + 1, device=pool.count.device) < pool.count[:, None]
+    score = torch.where(filled, pool.joint, NEG_INF)
+    score[:, 0] = float("inf")  # the root always stays
+    selected = budget_top_n(filled, score, torch.full_like(pool.count, total + 1))
+    return finalize(pool, selected, max_depth, total + 1)
+
+
 class Eagle2Policy(FixedShapePolicy):
     """EAGLE-2 dynamic tree: expand the top-k by joint probability per level, then rerank.
 
@@ -120,8 +133,53 @@ class Eagle2Policy(FixedShapePolicy):
         return append(pool, c, c.valid, expand, c.joint, self.frontier_capacity)
 
     def finalize(self, plan: RoundPlan, pool: DraftPool, round_ms: torch.Tensor | None = None) -> DraftTree:
-        filled = torch.arange(pool.capacity + 1, device=pool.count.device) < pool.count[:, None]
-        score = torch.where(filled, pool.joint, NEG_INF)
-        score[:, 0] = float("inf")  # the root always stays
-        selected = budget_top_n(filled, score, torch.full_like(pool.count, self.tree_capacity))
-        return finalize(pool, selected, self.max_depth, self.tree_capacity)
+        return rerank(pool, self.tree_capacity - 1, self.max_depth)
+
+
+class TopNPolicy(FixedShapePolicy):
+    """OPT-Tree's top-N tree (Wang et al., TACL 2025): maximise the expected accepted length, the sum of the
+    verified nodes' path probabilities, for ``N = topn_nodes`` nodes.
+
+    Level ``l`` keeps the ``N`` most probable of its candidates (the top-k children of every node of level ``l-1``)
+    and expands them.  ``E_l`` is the sum of the ``N`` largest path probabilities over levels ``< l``; level ``l`` is
+    drafted only while ``E_{l-1} - E_{l-2}`` (what level ``l-1`` added) exceeds ``topn_threshold``.  The tree verified
+    is the ``N`` most probable pool nodes.
+
+    Example (N = 2, threshold 0.05): level 1 keeps a .6, b .3; level 2 keeps a->c .54, b->d .15 (E over level 1:
+    .9, gain .9); level 3: E over levels 1-2 is still .6 + .54 = 1.14, gain .24 > .05, so it is drafted; the tree
+    verifies a and a->c.
+    """
+
+    name = "topn"
+
+    @classmethod
+    def max_depth_for(cls, cfg: SageConfig) -> int:
+        return cfg.topn_max_depth
+
+    @classmethod
+    def max_nodes_for(cls, cfg: SageConfig) -> int:
+        return cfg.topn_nodes
+
+    def __init__(self, cfg: SageConfig) -> None:
+        super().__init__(cfg)
+        self.frontier_capacity = cfg.topn_nodes
+        self.pool_capacity = 1 + cfg.topn_nodes * cfg.topn_max_depth
+
+    def _top_mass(self, pool: DraftPool, below: int) -> torch.Tensor:
+        """``[B]`` sum of the ``N`` largest path probabilities among draft nodes of depth ``1 .. below - 1``."""
+        ok = (pool.depths[:, 1:-1] >= 1) & (pool.depths[:, 1:-1] < below)
+        p = torch.where(ok, pool.joint[:, 1:-1], NEG_INF).exp()
+        n = min(self.cfg.topn_nodes, p.shape[1])
+        return torch.topk(p, n, dim=1).values.sum(1)
+
+    def step(self, plan, pool, frontier, logprobs, level) -> Frontier:
+        c = propose(pool, frontier, logprobs, self.k, level)
+        grow = torch.ones_like(pool.count, dtype=torch.bool)
+        if level >= 2:  # what level - 1 added to the best N
+            grow = self._top_mass(pool, level) - self._top_mass(pool, level - 1) > self.cfg.topn_threshold
+        n = torch.where(grow, self.cfg.topn_nodes, 0)
+        keep = budget_top_n(c.valid.flatten(1), c.joint.flatten(1), n).view_as(c.valid)
+        return append(pool, c, keep, keep & (level < self.max_depth), c.joint, self.frontier_capacity)
+
+    def finalize(self, plan: RoundPlan, pool: DraftPool, round_ms: torch.Tensor | None = None) -> DraftTree:
+        return rerank(pool, self.cfg.topn_nodes, self.max_depth)

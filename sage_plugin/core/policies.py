@@ -7,6 +7,7 @@ name        class                                        what it builds
 ``eagle2``  :class:`~.baselines.Eagle2Policy`           EAGLE-2 expand + rerank
 ``static``  :class:`~.baselines.StaticPolicy`           a fixed rank-path tree
 ``chain``   :class:`~.baselines.ChainPolicy`            the draft's top-1 chain
+``topn``    :class:`~.baselines.TopNPolicy`             OPT-Tree's greedy top-N tree
 ==========  ==========================================  ===========================
 
 :class:`~sage_plugin.config.SageConfig` validates ``policy`` against :data:`POLICIES` and reads each class's sizes
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .baselines import ChainPolicy, Eagle2Policy, StaticPolicy
+from .baselines import ChainPolicy, Eagle2Policy, StaticPolicy, TopNPolicy
 from .policy import FixedShapePolicy, PolicyState, RoundPlan, TreePolicy
 from .sage import SagePolicy
 
@@ -33,6 +34,7 @@ __all__ = [
     "RoundPlan",
     "SagePolicy",
     "StaticPolicy",
+    "TopNPolicy",
     "TreePolicy",
     "build_policy",
     "policy_class",
@@ -40,7 +42,7 @@ __all__ = [
 
 #: name -> policy class (the one registry)
 POLICIES: dict[str, type[FixedShapePolicy]] = {
-    cls.name: cls for cls in (SagePolicy, Eagle2Policy, StaticPolicy, ChainPolicy)
+    cls.name: cls for cls in (SagePolicy, Eagle2Policy, StaticPolicy, ChainPolicy, TopNPolicy)
 }
 
 

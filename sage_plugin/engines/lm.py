@@ -79,6 +79,17 @@ class TextModel:
         return PrefillResult(kv, out.logits[0, -1].float(), ids.shape[1])
 
     @torch.inference_mode()
+    def sequence_logits(self, ids: list[int]) -> torch.Tensor:
+        """``[L, V]`` logits after every token of ``ids`` (teacher-forced, no cache), with the same head as
+        :meth:`forward` (restricted to ``head_ids`` where set)."""
+        x = torch.tensor([ids], dtype=torch.int64, device=self.device).clamp(max=self.vocab_size - 1)
+        if self.head_ids is None:
+            return self.model(input_ids=x).logits[0].float()
+        small = (self.model.get_decoder()(input_ids=x).last_hidden_state[0] @ self._head_w.t()).float()
+        full = small.new_full((small.shape[0], self.vocab_size), float("-inf"))
+        return full.index_copy_(1, self.head_ids, small)
+
+    @torch.inference_mode()
     def forward(
         self, state: SeqState, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:

@@ -6,7 +6,7 @@ import json
 
 #: field -> every valid non-default value worth trying (each alone, the rest at their defaults)
 OTHER_VALUES: dict[str, list] = {
-    "policy": ["eagle2", "static", "chain"],
+    "policy": ["eagle2", "static", "chain", "topn"],
     "k": [12, 16],
     "d_min": [2, 4],
     "d_max": [6, 10],
@@ -38,6 +38,9 @@ OTHER_VALUES: dict[str, list] = {
     "eagle_depth": [5],
     "eagle_total_tokens": [32],
     "chain_depth": [4],
+    "topn_nodes": [16],
+    "topn_threshold": [0.1],
+    "topn_max_depth": [6],
     "static_tree": [((0,), (1,), (0, 0))],
     "prune_ratio_image": [0.5],
     "prune_ratio_video": [0.5],

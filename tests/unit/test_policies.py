@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from sage_plugin.config import MC_SIM_7B_63, SageConfig
 from sage_plugin.core.expand import new_pool
-from sage_plugin.core.policies import PolicyState, build_policy
+from sage_plugin.core.policies import POLICIES, PolicyState, build_policy, policy_class
 from sage_plugin.core.reference import build_tree_ref, greedy_verify_ref, init_state_ref, observe_ref
 from sage_plugin.core.tree import choices_from_tree
 from sage_plugin.core.verify import greedy_verify
@@ -236,7 +236,7 @@ def run_ref(cfg: SageConfig, world: World, req: int, rounds: int):
 def policy_budget(cfg: SageConfig, first_round: bool) -> int:
     if cfg.policy == "sage":
         return len(cfg.static_tree) if (first_round and cfg.first_round_static) else cfg.n_max
-    return {"eagle2": cfg.eagle_total_tokens, "static": len(cfg.static_tree), "chain": cfg.chain_depth}[cfg.policy]
+    return policy_class(cfg.policy).max_nodes_for(cfg)
 
 
 def check_invariants(cfg: SageConfig, rnd: Round):
@@ -371,6 +371,24 @@ def test_eagle2_matches_reference(seed, k, depth, total):
         static_tree=((0,), (1,), (0, 0)),
     )
     check_policy(cfg, seed, rounds=2)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), k=st.sampled_from([3, 4, 6]), n=st.integers(1, 12),
+       threshold=st.sampled_from([0.0, 0.05, 0.3, 2.0]), depth=st.integers(1, 6))  # fmt: skip
+def test_topn_matches_reference(seed, k, n, threshold, depth):
+    cfg = SageConfig(policy="topn", k=k, w_min=2, w_max=k, topn_nodes=n, topn_threshold=threshold,
+                     topn_max_depth=depth, static_tree=((0,), (1,), (0, 0)))  # fmt: skip
+    fast, _ = check_policy(cfg, seed, rounds=2)
+    for r in fast:
+        for rd in fast[r]:
+            assert rd.raw["num_nodes"] <= n + 1
+
+
+def test_the_oracle_covers_every_registered_policy():
+    from sage_plugin.core.reference import SELECTORS
+
+    assert set(SELECTORS) == set(POLICIES)
 
 
 def test_eagle2_paper_defaults():

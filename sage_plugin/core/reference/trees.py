@@ -11,6 +11,9 @@ frontier, in insertion order).  Only the "online" topology is modelled (``cfg.to
 * **eagle2**: keep every candidate; expand the k best by joint among the level's candidates while
   ``l < eagle_depth``; finally keep the ``eagle_total_tokens`` best nodes by joint (ties: earlier node), in their
   original order.
+* **topn**: if ``l >= 2`` and the sum of the ``N`` largest node joints over levels ``< l`` exceeds the same sum over
+  levels ``< l - 1`` by no more than ``topn_threshold``, keep nothing; else keep (and expand while
+  ``l < topn_max_depth``) the ``N = topn_nodes`` best candidates by joint; finally keep the ``N`` best nodes.
 
 :data:`SELECTORS` maps each policy name to its level selection; a test checks it covers the policy registry.
 """
@@ -147,12 +150,31 @@ def _select_eagle2(cfg, lv: _Level, m: Margin) -> list[tuple[RefNode, bool]]:
     return [(c, i < cfg.k and lv.level < cfg.eagle_depth) for i, (_, c) in enumerate(kept)]
 
 
+def _top_mass_ref(nodes: list[RefNode], below: int, n: int) -> float:
+    return sum(sorted((x.joint for x in nodes[1:] if 1 <= x.depth < below), reverse=True)[:n])
+
+
+def _select_topn(cfg, lv: _Level, m: Margin) -> list[tuple[RefNode, bool]]:
+    n = cfg.topn_nodes
+    if lv.level >= 2:
+        gain = _top_mass_ref(lv.nodes, lv.level, n) - _top_mass_ref(lv.nodes, lv.level - 1, n)
+        if gain > 0.0 and cfg.topn_threshold > 0.0:
+            m.ratio(gain, cfg.topn_threshold, "topn growth threshold")
+        if gain <= cfg.topn_threshold:
+            return []
+    kept = sorted(lv.cands, key=lambda item: (-item[1].joint, item[0]))
+    if len(kept) > n:
+        m.ratio(kept[n - 1][1].joint, kept[n][1].joint, "topn level cut")
+    return [(c, lv.level < cfg.topn_max_depth) for _, c in kept[:n]]
+
+
 #: policy name -> its naive level selection
 SELECTORS: dict[str, Selector] = {
     "sage": _select_sage,
     "static": _select_static,
     "chain": _select_chain,
     "eagle2": _select_eagle2,
+    "topn": _select_topn,
 }
 
 
@@ -190,10 +212,10 @@ def _propose(nodes, frontier, root_probs, draft_fn, k: int, level: int, m: Margi
     return cands
 
 
-def _rerank_eagle2(nodes: list[RefNode], total: int, m: Margin) -> list[RefNode]:
+def _rerank(nodes: list[RefNode], total: int, m: Margin) -> list[RefNode]:
     """The ``total`` best draft nodes by joint (ties: earlier node) in their original order, parents re-indexed."""
     order = sorted(range(1, len(nodes)), key=lambda i: (-nodes[i].joint, i))
-    m.ratio(nodes[order[total - 1]].joint, nodes[order[total]].joint, "eagle2 rerank cut")
+    m.ratio(nodes[order[total - 1]].joint, nodes[order[total]].joint, "rerank cut")
     remap = {0: 0}
     out = [nodes[0]]
     for i in sorted(order[:total]):
@@ -241,7 +263,8 @@ def build_tree_ref(
         if static_first:
             depth = max(len(p) for p in cfg.static_tree)
     else:
-        sizes = {"eagle2": cfg.eagle_depth, "chain": cfg.chain_depth, "static": max(len(p) for p in cfg.static_tree)}
+        sizes = {"eagle2": cfg.eagle_depth, "chain": cfg.chain_depth, "static": max(len(p) for p in cfg.static_tree),
+                 "topn": cfg.topn_max_depth}  # fmt: skip
         depth, width, alpha = sizes[cfg.policy], cfg.k, state_alpha
     select = SELECTORS["static" if static_first else cfg.policy]
 
@@ -255,6 +278,7 @@ def build_tree_ref(
             nodes.append(node)
             if grow:
                 frontier.append(len(nodes) - 1)
-    if cfg.policy == "eagle2" and len(nodes) - 1 > cfg.eagle_total_tokens:
-        nodes = _rerank_eagle2(nodes, cfg.eagle_total_tokens, m)
+    total = {"eagle2": cfg.eagle_total_tokens, "topn": cfg.topn_nodes}.get(cfg.policy)
+    if total is not None and len(nodes) - 1 > total:
+        nodes = _rerank(nodes, total, m)
     return RefTree(nodes, depth, width, alpha, root_alpha, static_first, m.value, m.where)

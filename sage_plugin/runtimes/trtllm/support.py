@@ -30,6 +30,9 @@ _BASELINES = {
     "eagle_depth": "baseline policies only",
     "eagle_total_tokens": "baseline policies only",
     "chain_depth": "baseline policies only",
+    "topn_nodes": "baseline policies only",
+    "topn_threshold": "baseline policies only",
+    "topn_max_depth": "baseline policies only",
     "prune_ratio_image": "no draft-side visual-token pruning in the TensorRT-LLM adapter",
     "prune_ratio_video": "no draft-side visual-token pruning in the TensorRT-LLM adapter",
 }

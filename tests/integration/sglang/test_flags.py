@@ -182,7 +182,7 @@ def validate(sa: ServerArgs) -> None:
     [
         (["--sage-w-max", "99"], "--sage-w-max must be an integer in [2, 10] (--sage-w-min <= --sage-w-max <= --sage-k), got 99"),
         (["--sage-d-max", "12"], "--sage-d-cap must be an integer in [12, 64] (--sage-d-max <= --sage-d-cap: raise --sage-d-cap together with --sage-d-max), got 10"),
-        (["--sage-policy", "beam"], "--sage-policy must be one of sage, eagle2, static, chain; got 'beam'"),
+        (["--sage-policy", "beam"], "--sage-policy must be one of sage, eagle2, static, chain, topn; got 'beam'"),
         (["--sage-theta0", "1.5"], "--sage-theta0 must be a number in [0.0, 1.0], got 1.5"),
         (["--sage-static-tree", "[[0], [0, 0, 1], [0, 1]]"], "--sage-static-tree: path [0, 0, 1] has no parent path [0, 0]"),
         (["--speculative-eagle-topk", "1"], "--speculative-eagle-topk must be >= 2 with --speculative-algorithm sage"),

@@ -1,0 +1,149 @@
+"""``sage bench --sweep-nodes 4,8,16,32,64``: tau against the verified-node budget N, every tree method at every N.
+
+At each budget ``N`` (draft nodes verified per round, root excluded):
+
+==============  ==========================================================================================
+method          configuration at budget N
+==============  ==========================================================================================
+``eagle2``      EAGLE-2's expansion, rerank to ``eagle_total_tokens = N``
+``topn``        OPT-Tree's top-N tree, ``topn_nodes = N``
+``static``      the static tree cut to its first N rank paths in level order (ancestor-closed; at most 25)
+``sage-paper``  SAGE verifying every node it builds, ``n_max = N`` (``node_budget: fixed``)
+``sage``        SAGE sized to this device (``node_budget: auto``), ``n_max = N``
+``oracle``      the bound: the longest run of the target's own tokens the draft's top-k candidates contained,
+                at most N deep (a chain of target-matching candidates is the best tree any selection can verify)
+==============  ==========================================================================================
+
+SAGE's first round keeps the budget (``first_round_static: false``: the static first tree has 25 nodes).  The oracle
+needs no extra target work: the draft reads the plain-decoding output once, teacher-forced, and a candidate "matches"
+where the target's next token is in the draft's top-k.  Results: ``"sweep": {METHOD: {"N": {"tau", "mean_nodes",
+"exact_match"}}}`` in the JSON, a table, and ``tau_by_nodes.png``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..config import SageConfig
+from .methods import MethodSpec
+from .run import MethodResult
+
+__all__ = ["SWEEP_METHODS", "oracle_tau", "sweep_methods", "sweep_summary", "sweep_table", "write_sweep_plot"]
+
+SWEEP_METHODS = ("eagle2", "topn", "static", "sage-paper", "sage", "oracle")
+
+
+def _static_cut(base: SageConfig, n: int) -> tuple[tuple[int, ...], ...]:
+    """The first ``n`` rank paths of the static tree in level order: every parent comes before its children."""
+    return tuple(sorted(base.static_tree, key=lambda p: (len(p), p))[:n])
+
+
+def sweep_methods(base: SageConfig, sizes: list[int]) -> list[MethodSpec]:
+    """The configurations of :data:`SWEEP_METHODS` (oracle excluded) at each budget, named ``METHOD@N``."""
+    out = []
+    for n in sizes:
+        sage = dict(policy="sage", n_max=n, first_round_static=False)
+        configs = {
+            "eagle2": dict(policy="eagle2", eagle_total_tokens=n),
+            "topn": dict(policy="topn", topn_nodes=n),
+            "static": dict(policy="static", static_tree=[list(p) for p in _static_cut(base, n)]),
+            "sage-paper": dict(sage, node_budget="fixed"),
+            "sage": dict(sage, node_budget="auto"),
+        }
+        out += [MethodSpec(f"{name}@{n}", base.replace(**cfg)) for name, cfg in configs.items()]
+    return out
+
+
+def oracle_tau(
+    draft_logits: Callable[[list[int]], torch.Tensor],
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    k: int,
+    n: int,
+) -> float:
+    """Tokens per target forward of the oracle tree at budget ``n`` (bonus included, as the bench counts tau).
+
+    For each request the draft reads prompt + plain-decoding output once; round after round, starting at the last
+    emitted token, the oracle accepts the longest run (at most ``n``) of following output tokens that are each in
+    the draft's top-``k`` at their position, then the bonus.
+
+    Args:
+        draft_logits: the draft's teacher-forced ``[L, V]`` logits of a token sequence
+            (:meth:`~sage_plugin.engines.lm.TextModel.sequence_logits`).
+        prompts: prompt token ids per request.
+        outputs: plain greedy output per request (its first token comes from the prefill).
+    """
+    tokens = forwards = 0
+    for prompt, out in zip(prompts, outputs):
+        if len(out) < 2:
+            continue
+        logits = draft_logits(prompt + out)[len(prompt) : len(prompt) + len(out) - 1]
+        nxt = torch.tensor(out[1:])
+        in_topk = (torch.topk(logits, k, dim=-1).indices == nxt[:, None]).any(-1).tolist()  # output j+1 drafted?
+        p = 0
+        while p < len(out) - 1:
+            m = 0
+            while m < n and p + m < len(in_topk) and in_topk[p + m]:
+                m += 1
+            p += m + 1
+            forwards += 1
+        tokens += len(out) - 1
+    return tokens / max(1, forwards)
+
+
+def sweep_summary(results: dict[str, MethodResult], sizes: list[int], oracle: dict[int, float] | None) -> dict:
+    """``{METHOD: {"N": {"tau", "mean_nodes", "exact_match"}}}`` from ``run_methods`` results named ``METHOD@N``."""
+    out: dict[str, dict[str, dict]] = {}
+    for name, r in results.items():
+        if "@" not in name:
+            continue
+        method, n = name.rsplit("@", 1)
+        exact = round(r.exact / r.compared, 4) if r.compared else None
+        mean_nodes = round(r.mean("nodes"), 3) if r.rounds else 0.0
+        out.setdefault(method, {})[n] = {"tau": round(r.tau, 4), "mean_nodes": mean_nodes, "exact_match": exact}
+    if oracle:
+        out["oracle"] = {
+            str(n): {"tau": round(t, 4), "mean_nodes": None, "exact_match": 1.0} for n, t in oracle.items()
+        }
+    return out
+
+
+def sweep_table(sweep: dict, sizes: list[int]) -> str:
+    """Markdown: tau (mean verified nodes) per method (rows) and budget N (columns)."""
+    rows = ["| method | " + " | ".join(f"N = {n}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for method, per in sweep.items():
+        cells = []
+        for n in sizes:
+            x = per.get(str(n))
+            nodes = "" if x is None or x["mean_nodes"] is None else f" ({x['mean_nodes']:.1f})"
+            cells.append("-" if x is None else f"{x['tau']:.2f}{nodes}")
+        rows.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def write_sweep_plot(sweep: dict, sizes: list[int], out_dir: Path) -> Path:
+    """``tau_by_nodes.png``: tau against the budget N, one line per method (log2 x axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, per in sweep.items():
+        ns = [n for n in sizes if str(n) in per]
+        style = dict(linestyle="--", color="gray") if method == "oracle" else {}
+        ax.plot(ns, [per[str(n)]["tau"] for n in ns], marker="o", label=method, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("verified draft nodes per round (budget N)")
+    ax.set_ylabel("tokens per target forward (tau)")
+    ax.set_title("tau at an equal node budget")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out_dir / "tau_by_nodes.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
