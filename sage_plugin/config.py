@@ -30,6 +30,8 @@ Open points (``docs/algorithm.md``) and their switches:
                                                  ``d_cap``,
                                                  ``history_cooldown``
 10  tau units for the history thresholds         ``history_tau``        drafts, drafts_plus_bonus
+    history thresholds: fixed or relative        ``history_mode``,      absolute, relative
+                                                 ``history_*_ratio``
 11  rebuild buffers every round                  (always; not a knob: trees are rebuilt per round)
 ==  ===========================================  =====================  ==========================
 
@@ -118,6 +120,9 @@ class SageConfig:
     d_cap: int = 10  # open point 9
     history_cooldown: str = "full_window"  # open point 9: full_window | none
     history_tau: str = "drafts"  # open point 10: drafts | drafts_plus_bonus
+    history_mode: str = "absolute"  # absolute: history_lo/hi (the paper's); relative: ratios to the running mean
+    history_lo_ratio: float = 0.8  # relative mode: D_max down when the window mean < ratio x the running mean
+    history_hi_ratio: float = 1.25  # relative mode: D_max up when the window mean > ratio x the running mean
     # -- open points (see module docstring) ----------------------------------------------------
     use_entropy: bool = True  # False: alpha stays at alpha_init (ablation "history only")
     alpha_source: str = "lag1"
@@ -161,6 +166,9 @@ class SageConfig:
         _int_in("history_step", self.history_step, 1, 64)
         _choice("history_cooldown", self.history_cooldown, ("full_window", "none"))
         _choice("history_tau", self.history_tau, ("drafts", "drafts_plus_bonus"))
+        _choice("history_mode", self.history_mode, ("absolute", "relative"))
+        _float_in("history_lo_ratio", self.history_lo_ratio, 0.0, 1e3)
+        _float_in("history_hi_ratio", self.history_hi_ratio, self.history_lo_ratio, 1e3)
         _bool("use_entropy", self.use_entropy)
         _choice("alpha_source", self.alpha_source, ("lag1", "fresh", "path_mean"))
         _choice("rounding", self.rounding, ("half_up", "ceil", "floor"))

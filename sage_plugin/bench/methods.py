@@ -43,6 +43,8 @@ ABLATIONS: dict[str, str] = {
     "sage-theta-joint": "sage:threshold_on=joint",  # the paper's formal rule (open point 4, see config.py)
     "sage-no-top1": "sage:keep_top1=false",
     "sage-planned": "sage:topology=planned",
+    "sage-history-relative": "sage:history_mode=relative",  # thresholds relative to the draft's running mean
+    "sage-paper-relative": "sage:node_budget=fixed,history_mode=relative",
     "sage-dcap8": "sage:d_cap=8",
     "sage-dcap12": "sage:d_cap=12",
     "sage-nmax32": "sage:n_max=32",

@@ -31,6 +31,9 @@ BAD_VALUES: dict[str, list] = {
     "d_cap": [7, 65],  # d_cap < d_max (8)
     "history_cooldown": ["half", True],
     "history_tau": ["tokens", None],
+    "history_mode": ["ratio", None],
+    "history_lo_ratio": [-0.1, math.nan, 2000.0],
+    "history_hi_ratio": [0.5, math.inf],  # history_hi_ratio < history_lo_ratio (0.8)
     "use_entropy": [1, None],
     "alpha_source": ["lag2", ""],
     "rounding": ["nearest", "round"],

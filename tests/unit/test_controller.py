@@ -17,8 +17,9 @@ def controller_cases(draw):
     d_min = draw(st.integers(1, 4))
     d_max = draw(st.integers(d_min, d_min + 4))
     d_cap = draw(st.integers(d_max, d_max + 4))
-    lo = draw(st.sampled_from([0.5, 1.0, 1.5, 2.0, 2.5]))
-    hi = lo + draw(st.sampled_from([0.0, 0.5, 1.0, 1.5]))
+    relative = draw(st.booleans())  # thresholds as ratios to the running mean (dyadic: exact comparisons)
+    lo = draw(st.sampled_from([0.5, 0.75, 1.0] if relative else [0.5, 1.0, 1.5, 2.0, 2.5]))
+    hi = lo + draw(st.sampled_from([0.0, 0.25, 0.5] if relative else [0.0, 0.5, 1.0, 1.5]))
     step = draw(st.integers(1, 3))
     cooldown = draw(st.booleans())
     bsz = draw(st.integers(1, 4))
@@ -28,7 +29,16 @@ def controller_cases(draw):
     half = st.sampled_from([0.0, 0.0, 0.5])
     taus = [[float(draw(st.integers(0, 8))) + draw(half) for _ in range(rounds)] for _ in range(bsz)]
     return dict(
-        window=window, d_min=d_min, d_max=d_max, d_cap=d_cap, lo=lo, hi=hi, step=step, cooldown=cooldown, taus=taus
+        window=window,
+        d_min=d_min,
+        d_max=d_max,
+        d_cap=d_cap,
+        lo=lo,
+        hi=hi,
+        step=step,
+        cooldown=cooldown,
+        taus=taus,
+        relative=relative,
     )
 
 
@@ -44,6 +54,7 @@ def test_history_update_matches_reference(case):
         d_min=case["d_min"],
         d_cap=case["d_cap"],
         full_window_cooldown=case["cooldown"],
+        relative=case["relative"],
     )
     state = history_init(bsz, w, case["d_max"])
     refs = [history_init_ref(case["d_max"]) for _ in range(bsz)]

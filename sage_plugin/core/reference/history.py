@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from .trees import RefTree
@@ -12,11 +12,12 @@ __all__ = ["HistoryRef", "RefState", "history_init_ref", "history_update_ref", "
 
 @dataclass
 class HistoryRef:
-    """One request's controller state: recent tau values (at most ``window``), counters, D_max."""
+    """One request's controller state: recent tau values (at most ``window``), counters, D_max, and every tau seen."""
 
     window: list[float]
     since_change: int
     d_max: int
+    all_taus: list[float] = field(default_factory=list)
 
 
 def history_init_ref(d_max: int) -> HistoryRef:
@@ -34,10 +35,12 @@ def history_update_ref(
     d_min: int,
     d_cap: int,
     full_window_cooldown: bool,
+    relative: bool = False,
 ) -> HistoryRef:
     """Push ``tau``; once ``window`` values are held (and, with the cool-down, ``window`` rounds
     have passed since the last change), move D_max by -step if the mean < lo, by +step if the
-    mean > hi, clamped to ``[d_min, d_cap]``.
+    mean > hi, clamped to ``[d_min, d_cap]``.  With ``relative``, ``lo`` and ``hi`` are multiplied by
+    the mean of every tau seen so far (this one included).
 
     >>> h = history_init_ref(8)
     >>> out = []
@@ -48,18 +51,22 @@ def history_update_ref(
     [8, 9, 9, 10, 10, 9]
     """
     values = (h.window + [float(tau)])[-window:]
+    all_taus = h.all_taus + [float(tau)]
     since = h.since_change + 1
     d_max = h.d_max
     ready = len(values) == window and (since >= window or not full_window_cooldown)
     if ready:
-        mean = sum(values) / window
-        if mean < lo and d_max > d_min:
+        if relative:  # window mean vs lo * running mean, both sides times window * rounds (exact arithmetic)
+            x, low, high = sum(values) * len(all_taus), lo * sum(all_taus) * window, hi * sum(all_taus) * window
+        else:
+            x, low, high = sum(values) / window, lo, hi
+        if x < low and d_max > d_min:
             d_max = max(d_min, d_max - step)
             since = 0
-        elif mean > hi and d_max < d_cap:
+        elif x > high and d_max < d_cap:
             d_max = min(d_cap, d_max + step)
             since = 0
-    return HistoryRef(values, since, d_max)
+    return HistoryRef(values, since, d_max, all_taus)
 
 
 @dataclass
@@ -88,12 +95,14 @@ def observe_ref(cfg, state: RefState, tree: RefTree, accepted: Sequence[int], ta
     history = state.history
     if cfg.use_history:
         t = tau + (1 if cfg.history_tau == "drafts_plus_bonus" else 0)
+        relative = cfg.history_mode == "relative"
         history = history_update_ref(
             history,
             t,
             window=cfg.history_window,
-            lo=cfg.history_lo,
-            hi=cfg.history_hi,
+            lo=cfg.history_lo_ratio if relative else cfg.history_lo,
+            hi=cfg.history_hi_ratio if relative else cfg.history_hi,
+            relative=relative,
             step=cfg.history_step,
             d_min=cfg.d_min,
             d_cap=cfg.d_cap,

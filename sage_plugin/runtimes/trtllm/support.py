@@ -23,7 +23,8 @@ _HISTORY = {
     name: _ALL
     for name in (
         "d_min", "d_max", "d_cap", "alpha_init", "use_history", "history_window", "history_lo", "history_hi",
-        "history_step", "history_cooldown", "history_tau", "use_entropy", "rounding",
+        "history_step", "history_cooldown", "history_tau", "history_mode", "history_lo_ratio", "history_hi_ratio",
+        "use_entropy", "rounding",
     )
 }  # fmt: skip
 _BASELINES = {
