@@ -16,7 +16,13 @@ from __future__ import annotations
 
 from .build import TINY_KINDS, VOCAB_SEED, build_smolvlm, build_tiny_vlm, load_vlm
 from .model import TextDraftForVLM, VLMInput, VLMModel, make_vlm_request
-from .qwen_smollm2 import QWEN_VL_KINDS, build_qwen_vl_smollm2, build_vlm_text_draft, ensure_qwen_vl_smollm2
+from .qwen_smollm2 import (
+    QWEN_VL_KINDS,
+    build_qwen_vl_smollm2,
+    build_vlm_text_draft,
+    ensure_qwen_vl_draft,
+    ensure_qwen_vl_smollm2,
+)
 from .scores import SCORE_ATTN, select_visual_keep
 
 __all__ = [
@@ -31,6 +37,7 @@ __all__ = [
     "build_qwen_vl_smollm2",
     "build_smolvlm",
     "build_vlm_text_draft",
+    "ensure_qwen_vl_draft",
     "ensure_qwen_vl_smollm2",
     "load_vlm",
     "make_vlm_request",

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from sage_plugin.models import DEFAULT_CACHE_DIR, bundled_draft_dir, ensure_smollm2
+from sage_plugin.models import DEFAULT_CACHE_DIR, bundled_draft_dir, ensure_smollm2, truncated_draft
 
 __all__ = [
     "mrope_section",
@@ -35,6 +35,7 @@ __all__ = [
     "build_qwen_vl_smollm2",
     "build_vlm_text_draft",
     "ensure_qwen_vl_smollm2",
+    "ensure_qwen_vl_draft",
 ]
 
 QWEN_VL_KINDS: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl")
@@ -233,3 +234,15 @@ def ensure_qwen_vl_smollm2(kind: str = "qwen2_vl", cache_dir: Path = DEFAULT_CAC
         raise FileNotFoundError("the bundled SmolLM2 draft is missing from the package (sage_plugin/assets/drafts)")
     # the two kinds add the same four tokens in the same order: one padded draft serves both
     return target, build_vlm_text_draft(draft_src, target, Path(cache_dir) / "smollm2-draft-for-qwen-vl")
+
+
+def ensure_qwen_vl_draft(kind: str = "qwen2_vl", cache_dir: Path = DEFAULT_CACHE_DIR, layers: int = 4) -> Path:
+    """A VLM draft for the Qwen-VL-on-SmolLM2 target: the same architecture on SmolLM2's first ``layers`` layers.
+
+    The reference engine can run it (untrained as a draft: few tokens accepted); SGLang 0.5.23 cannot run a
+    multimodal draft, and a SAGE launch with one is refused (``docs/sglang.md``, "VLMs"), which the e2e tests check
+    with this model.  Built once under ``cache_dir``.
+    """
+    name = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2-5-vl"}[kind] + f"-smollm2-first{layers}-draft"
+    text = truncated_draft(ensure_smollm2(cache_dir), layers, Path(cache_dir))
+    return build_qwen_vl_smollm2(text, Path(cache_dir) / name, kind=kind, seed=1)

@@ -86,8 +86,8 @@ def draft_kind_of(architectures: list[str] | tuple[str, ...]) -> str:
     return "standalone"
 
 
-def _draft_architectures(path: str, revision: str | None) -> list[str] | None:
-    """The ``architectures`` of a draft checkpoint (local directory, else the HF cache or hub); None if unknown."""
+def _draft_config(path: str, revision: str | None) -> dict[str, Any] | None:
+    """The ``config.json`` of a draft checkpoint (local directory, else the HF cache or hub); None if unknown."""
     local = Path(path).expanduser()
     try:
         if local.exists():
@@ -99,7 +99,7 @@ def _draft_architectures(path: str, revision: str | None) -> list[str] | None:
     except Exception as exc:  # noqa: BLE001 (no config reachable: the caller decides)
         logger.debug("draft config of %s not readable: %s", path, exc)
         return None
-    return list(cfg.get("architectures") or [])
+    return cfg
 
 
 def validate_server_args(server_args: Any) -> None:
@@ -111,7 +111,8 @@ def validate_server_args(server_args: Any) -> None:
 
     Raises:
         ConfigError: a bad ``--sage-*`` value, a value the SGLang worker does not honour
-            (:data:`.support.SGLANG_SUPPORT`), an explicit SGLang draft size SAGE cannot use, or no draft model.
+            (:data:`.support.SGLANG_SUPPORT`), an explicit SGLang draft size SAGE cannot use, no draft model, or a
+            multimodal draft.
     """
     cfg = sage_config_of(server_args)
     SGLANG_SUPPORT.check(cfg, name=flag_name)
@@ -128,7 +129,15 @@ def validate_server_args(server_args: Any) -> None:
             "(STANDALONE-style) or an EAGLE/EAGLE3 head"
         )
     name = str(server_args.speculative_algorithm).upper()
-    archs = _draft_architectures(str(draft), server_args.speculative_draft_model_revision)
+    draft_cfg = _draft_config(str(draft), server_args.speculative_draft_model_revision)
+    if draft_cfg is not None and "vision_config" in draft_cfg:
+        raise ConfigError(
+            f"--speculative-draft-model-path {draft}: a multimodal draft (its config has a vision_config); SGLang "
+            "0.5.23 shifts a draft's prefill ids by one token but places the image embeddings by the unshifted "
+            "positions (its own STANDALONE fails the same way at the first image), so use a text draft: image "
+            'positions read as a placeholder token (docs/sglang.md, "VLMs")'
+        )
+    archs = None if draft_cfg is None else list(draft_cfg.get("architectures") or [])
     if archs is None:  # an explicit variant is taken as given
         if name == "SAGE":
             raise ConfigError(

@@ -167,6 +167,19 @@ def test_kv_pool_returns_to_its_starting_free_size(servers, kv_start):
     assert info["kv_available_tokens"] == kv_start, (info, kv_start)
 
 
+def test_a_multimodal_draft_is_refused_before_the_server_starts(launch_env, tmp_path):
+    """A Qwen2-VL draft of the target's width (SmolLM2's first 4 layers) stops the launch with one clear message:
+    SGLang 0.5.23 misplaces a multimodal draft's image embeddings in its draft prefill (its own STANDALONE fails at
+    the first image the same way), so only text drafts serve VLMs."""
+    from sage_plugin.engines.vlm import ensure_qwen_vl_draft, ensure_qwen_vl_smollm2
+
+    target, _ = ensure_qwen_vl_smollm2("qwen2_vl")
+    with pytest.raises(RuntimeError, match=r"(?s)server exited with 1:.*a multimodal draft .*use a text draft"):
+        Server(["--config", str(CONFIGS["qwen2_vl"]), "--model-path", str(target),
+                "--speculative-draft-model-path", str(ensure_qwen_vl_draft("qwen2_vl"))],
+               launch_env, tmp_path / "vlm-draft.log")  # fmt: skip
+
+
 def test_qwen2_5_vl_image_prompts_equal_plain(launch_env, target_dir, tmp_path):
     plain, sage = _start("qwen2_5_vl", launch_env, tmp_path)
     try:

@@ -407,3 +407,15 @@ def test_every_field_is_honoured_or_refused_at_launch(tmp_path, field, value):
     with pytest.raises(ConfigError) as exc:
         validate(sa)
     assert str(exc.value).startswith(f"{flag_name(field)}: SGLang 0.5.23"), str(exc.value)
+
+
+def test_multimodal_draft_is_refused_at_launch(tmp_path):
+    """SGLang 0.5.23 misplaces a multimodal draft's image embeddings in the draft prefill (its STANDALONE too)."""
+    d = tmp_path / "vlm-draft"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["Qwen2VLForConditionalGeneration"],
+                                               "vision_config": {"depth": 1}}))  # fmt: skip
+    sa = record(base=["--model-path", "target", "--speculative-algorithm", "sage",
+                      "--speculative-draft-model-path", str(d)])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"a multimodal draft \(its config has a vision_config\).*use a text draft"):
+        validate(sa)
