@@ -33,7 +33,8 @@ def _bench_parser(sub) -> None:
     p.add_argument(
         "--methods",
         default=None,
-        help="comma list of ar, chain, static, eagle2, sage, sage-paper, named ablations (README) and variants "
+        help="comma list of ar, chain, static, eagle2, topn, sage, sage-paper, static-tuned (the fastest fixed tree "
+        "on this device, timed before the run), named ablations (README) and variants "
         "NAME=POLICY:k=v,k=v (default: ar,chain,static,eagle2,sage,sage-paper)",
     )
     p.add_argument(

@@ -45,7 +45,9 @@ Beyond the paper: ``node_budget`` (``auto``, ``fixed``).  ``fixed`` verifies eve
 maximises expected tokens per second under the target's verify cost measured on this device
 (:mod:`sage_plugin.core.cost`), and stops drafting levels the cut would not use.  Where a verify forward costs the
 same for 1 or 64 tokens (a GPU at small batch) the two agree.  Only SAGE uses it: the baselines keep their
-published shapes.
+published shapes.  With ``auto``, ``pad_forwards`` (default on) runs each verify and draft level at the cheapest
+measured size at or above its own (masked padding rows), and prices each size by that: on a CPU whose BLAS is slow at
+2-3 rows a 3-token verify costs more than an 8-token one (``docs/algorithm.md``, "sizing trees to the device").
 
 Not every runtime honours every field: :mod:`sage_plugin.support` holds each runtime's declared table, and a
 runtime refuses a value it does not honour at launch (``docs/runtime-support.md``).
@@ -108,6 +110,7 @@ class SageConfig:
     w_max: int = 10
     n_max: int = 64  # node cap (draft nodes, root excluded)
     node_budget: str = "auto"  # auto: also the cost-optimal cut under the measured verify cost; fixed: n_max only
+    pad_forwards: bool = True  # auto budget: run forwards at the cheapest measured size >= theirs, priced so
     theta0: float = 0.1  # theta_l = theta0 * l / D
     alpha_init: float = 0.5
     first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)
@@ -159,6 +162,7 @@ class SageConfig:
         _float_in("theta0", self.theta0, 0.0, 1.0)
         _float_in("alpha_init", self.alpha_init, 0.0, 1.0)
         _bool("first_round_static", self.first_round_static)
+        _bool("pad_forwards", self.pad_forwards)
         _bool("use_history", self.use_history)
         _int_in("history_window", self.history_window, 1, 10_000)
         _float_in("history_lo", self.history_lo, 0.0, 1e6)

@@ -7,8 +7,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,8 +34,12 @@ from .methods import MethodSpec
 from .report import category_table, markdown_table, summarize, write_plots
 from .run import run_methods
 from .sweep import oracle_tau, sweep_summary, sweep_table, write_sweep_plot
+from .tune import tune_static
 
 __all__ = ["BenchOptions", "BenchSetup", "bench_config", "build_setup", "print_report", "run_bench"]
+
+#: ``static-tuned`` times its candidates on this many bundled prompts, :data:`TUNING_TOKENS` new tokens each.
+TUNING_PROMPTS, TUNING_TOKENS = 4, 32
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,7 @@ class BenchSetup:
     target_desc: str
     draft_desc: str
     categories: dict[str, str] | None = None  # request id -> category (per-category tau in the report)
+    tuning_requests: list[GenRequest] | None = None  # static-tuned's tuning prompts (text runs only)
 
 
 def _draft(opts: BenchOptions, target_dir: Path) -> tuple[Path, str]:
@@ -150,7 +157,8 @@ def _text_setup(opts: BenchOptions, prompts, target_dir: Path, draft_dir: Path, 
         TextModel(load_causal_lm(draft_dir, device), draft_head_ids(draft_dir)),
     )
     requests = [GenRequest(render_chat(tok, p), request_id=p.id) for p in prompts]
-    return BenchSetup(engine, requests, tok.eos_token_id, str(target_dir), draft_desc)
+    tuning = [GenRequest(render_chat(tok, p), request_id=p.id) for p in mixed_text_prompts(TUNING_PROMPTS)]
+    return BenchSetup(engine, requests, tok.eos_token_id, str(target_dir), draft_desc, tuning_requests=tuning)
 
 
 def _vlm_setup(
@@ -216,8 +224,11 @@ def bench_config(opts: BenchOptions, base: SageConfig, methods: list[MethodSpec]
         "python": platform.python_version(),
         "torch": torch.__version__,
         "round_costs": {
-            f"batch {b}, {n} nodes": {"verify_ms": [round(float(x), 2) for x in c.verify_ms], "draft_ms": round(c.draft_ms, 2)}
-            for (b, n, _), c in setup.engine.round_costs.items()
+            f"batch {b}, {n} nodes{', padded' if pad else ''}": {
+                "verify_ms": [round(float(x), 2) for x in c.verify_ms], "draft_ms": round(c.draft_ms, 2),
+                "verify_run": list(c.verify_run), "draft_run": list(c.draft_run),
+            }
+            for (b, n, _, pad), c in setup.engine.round_costs.items()
         },
     }  # fmt: skip
 
@@ -230,12 +241,16 @@ def print_report(summary: dict, opts: BenchOptions, engine: SpecEngine) -> None:
     if by_category is not None:
         print("\ntau by category:\n" + by_category)
     print("\ntau = decode tokens per target forward (bonus included; ar = 1.00); accepted/round excludes the bonus.")
-    for (b, _, _), c in engine.round_costs.items():
+    for (b, _, _, pad), c in engine.round_costs.items():
         v = c.verify_ms
-        shown = ", ".join(f"{q + 1}: {float(v[q]):.1f}" for q in (0, 1, 2, 3, 5, 8, 15, 24) if q < len(v))
+        shown = ", ".join(
+            f"{q + 1}: {float(v[q]):.1f}" + (f" (runs {c.verify_nodes(q) + 1})" if c.verify_nodes(q) != q else "")
+            for q in (0, 1, 2, 3, 5, 8, 15, 24)
+            if q < len(v)
+        )
         print(
-            f"node_budget=auto, batch {b}: target forward ms by verified tokens (measured here) {shown}; "
-            f"draft forward {c.draft_ms:.1f} ms"
+            f"node_budget=auto{', padded' if pad else ''}, batch {b}: target forward ms by verified tokens (measured "
+            f"here) {shown}; draft forward {c.draft_ms:.1f} ms"
         )
 
 
@@ -248,6 +263,22 @@ def _sweep(results: dict, setup: BenchSetup, base: SageConfig, sizes: list[int])
         outs = [ar.outputs[r.request_id] for r in setup.requests]
         oracle = {n: oracle_tau(draft.sequence_logits, prompts, outs, base.k, n) for n in sizes}
     return sweep_summary(results, sizes, oracle)
+
+
+def _tune(methods: list[MethodSpec], setup: BenchSetup, base: SageConfig, params: SamplingParams):
+    """Replace a ``static-tuned`` placeholder by the fastest fixed tree on this device (:mod:`.tune`); returns the
+    methods and what the tuning measured (``{}`` if nothing was tuned)."""
+    if not any(m.tuned for m in methods):
+        return methods, {}
+    if setup.tuning_requests is None:
+        raise ConfigError("static-tuned tunes on the bundled text prompts: it runs with text prompts only")
+    tune_params = dataclasses.replace(params, max_new_tokens=TUNING_TOKENS)
+    t0 = time.perf_counter()
+    label, cfg, tok_s = tune_static(setup.engine, base, setup.tuning_requests, tune_params)
+    tuned = {"chosen": label, "tok_s": {k: round(v, 2) for k, v in tok_s.items()}, "tune_s": time.perf_counter() - t0}
+    print(f"static-tuned: {label} (decode tok/s on {TUNING_PROMPTS} bundled prompts: "
+          + ", ".join(f"{k} {v:.1f}" for k, v in tok_s.items()) + ")", flush=True)  # fmt: skip
+    return [MethodSpec(m.name, cfg) if m.tuned else m for m in methods], tuned
 
 
 def run_bench(opts: BenchOptions, base: SageConfig, methods: list[MethodSpec]) -> int:
@@ -264,8 +295,12 @@ def run_bench(opts: BenchOptions, base: SageConfig, methods: list[MethodSpec]) -
         f"prompts: {len(setup.requests)} x {opts.new_tokens} new tokens, batch {opts.batch_size}, {sampling}",
         flush=True,
     )
+    methods, tuned = _tune(methods, setup, base, params)
     results = run_methods(setup.engine, methods, setup.requests, params, opts.batch_size, opts.warmup, opts.progress)
-    summary = summarize(results, bench_config(opts, base, methods, setup), setup.categories)
+    config = bench_config(opts, base, methods, setup)
+    if tuned:
+        config["static_tuned"] = tuned
+    summary = summarize(results, config, setup.categories)
     print_report(summary, opts, setup.engine)
     if opts.sweep_sizes:
         summary["sweep"] = _sweep(results, setup, base, opts.sweep_sizes)

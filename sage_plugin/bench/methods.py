@@ -24,7 +24,7 @@ from ..config import ConfigError, SageConfig
 from ..core.policies import POLICIES
 from ..engines.support import REFERENCE_SUPPORT
 
-__all__ = ["MethodSpec", "parse_method", "parse_methods", "DEFAULT_METHODS", "ABLATIONS"]
+__all__ = ["MethodSpec", "parse_method", "parse_methods", "DEFAULT_METHODS", "ABLATIONS", "TUNED"]
 
 #: ``sage`` sizes its trees to this device's measured verify cost (``node_budget="auto"``); ``sage-paper`` is SAGE
 #: with the paper's fixed budget (every node it builds is verified, up to ``n_max``), the setting the baselines use.
@@ -45,6 +45,7 @@ ABLATIONS: dict[str, str] = {
     "sage-planned": "sage:topology=planned",
     "sage-history-relative": "sage:history_mode=relative",  # thresholds relative to the draft's running mean
     "sage-paper-relative": "sage:node_budget=fixed,history_mode=relative",
+    "sage-unpadded": "sage:pad_forwards=false",  # forwards at their own size, priced by the running maximum
     "sage-dcap8": "sage:d_cap=8",
     "sage-dcap12": "sage:d_cap=12",
     "sage-nmax32": "sage:n_max=32",
@@ -55,10 +56,15 @@ ABLATIONS: dict[str, str] = {
 }
 
 
+#: Methods whose tree is chosen on this device before the run (:mod:`sage_plugin.bench.tune`).
+TUNED = ("static-tuned",)
+
+
 @dataclass(frozen=True, slots=True)
 class MethodSpec:
     name: str
     config: SageConfig | None  # None: plain autoregressive decoding
+    tuned: bool = False  # the config is a placeholder until ``sage bench`` tunes it (``static-tuned``)
 
 
 def parse_method(text: str, base: SageConfig) -> MethodSpec:
@@ -72,12 +78,15 @@ def parse_method(text: str, base: SageConfig) -> MethodSpec:
         text = ABLATIONS[text]
     policy, _, overrides = text.partition(":")
     name = name or (policy if not overrides else f"{policy}:{overrides}")
-    if policy == "ar":
+    if policy in ("ar", *TUNED):
         if overrides:
-            raise ConfigError("method ar takes no options")
-        return MethodSpec(name, None)
+            raise ConfigError(f"method {policy} takes no options")
+        return MethodSpec(name, None) if policy == "ar" else MethodSpec(name, base.replace(policy="static"), True)
     if policy not in POLICIES:
-        raise ConfigError(f"unknown method {policy!r}: use ar, {', '.join(POLICIES)}, or one of {', '.join(ABLATIONS)}")
+        raise ConfigError(
+            f"unknown method {policy!r}: use ar, {', '.join(TUNED)}, {', '.join(POLICIES)}, or one of "
+            f"{', '.join(ABLATIONS)}"
+        )
     changes: dict = {"policy": policy}
     for item in filter(None, overrides.split(",")):
         key, sep, value = item.partition("=")
@@ -93,7 +102,7 @@ def _starts_method(item: str) -> bool:
     head = item.split(":", 1)[0]
     if "=" in head:  # NAME=POLICY...; a bare key=value continues the previous method's options
         head = head.split("=", 1)[1]
-    return head.strip() in ("ar", *POLICIES, *ABLATIONS)
+    return head.strip() in ("ar", *TUNED, *POLICIES, *ABLATIONS)
 
 
 def parse_methods(text: str, base: SageConfig) -> list[MethodSpec]:

@@ -30,15 +30,11 @@ import torch
 from ..config import SageConfig
 from .methods import MethodSpec
 from .run import MethodResult
+from .tune import static_cut
 
 __all__ = ["SWEEP_METHODS", "oracle_tau", "sweep_methods", "sweep_summary", "sweep_table", "write_sweep_plot"]
 
 SWEEP_METHODS = ("eagle2", "topn", "static", "sage-paper", "sage", "oracle")
-
-
-def _static_cut(base: SageConfig, n: int) -> tuple[tuple[int, ...], ...]:
-    """The first ``n`` rank paths of the static tree in level order: every parent comes before its children."""
-    return tuple(sorted(base.static_tree, key=lambda p: (len(p), p))[:n])
 
 
 def sweep_methods(base: SageConfig, sizes: list[int]) -> list[MethodSpec]:
@@ -49,7 +45,7 @@ def sweep_methods(base: SageConfig, sizes: list[int]) -> list[MethodSpec]:
         configs = {
             "eagle2": dict(policy="eagle2", eagle_total_tokens=n),
             "topn": dict(policy="topn", topn_nodes=n),
-            "static": dict(policy="static", static_tree=[list(p) for p in _static_cut(base, n)]),
+            "static": dict(policy="static", static_tree=[list(p) for p in static_cut(base, n)]),
             "sage-paper": dict(sage, node_budget="fixed"),
             "sage": dict(sage, node_budget="auto"),
         }

@@ -9,7 +9,11 @@ probable nodes" (:func:`~sage_plugin.core.expand.budget_top_n`, ties to the earl
 ancestor-closed tree.
 
 ``verify_ms`` is the target's forward time as a function of the verified token count, measured once on the device
-(:class:`RoundCost`).  On a GPU at small batch it is nearly flat and the cut keeps the whole tree (SAGE's own
+(:class:`RoundCost`).  Measured curves need not be monotone: on a CPU whose BLAS is slow at a few rows a forward of
+3 tokens can cost more than one of 8.  With padding on (``pad_forwards``) a forward of ``q`` runs at the cheapest
+measured size ``q' >= q`` (the extra rows are masked padding, as in a ragged batch), so a count is priced at the
+suffix minimum of the curve (:func:`cheapest_at_least`), which is non-decreasing by construction; without padding the
+curve is made non-decreasing by its running maximum (a forward is never priced below a smaller one).  On a GPU at small batch it is nearly flat and the cut keeps the whole tree (SAGE's own
 ``N_max`` stays the bound); on a CPU every verified token costs, and the best tree is small.  EAGLE picks its
 ``total_token`` by profiling and Sequoia its tree size and depth from measured timings in the same spirit; the
 cost model is in ``docs/algorithm.md`` ("sizing trees to the device").
@@ -30,13 +34,38 @@ Worked example (one request; 2 draft forwards of 3 ms spent; verify_ms = [35, 37
 
 from __future__ import annotations
 
+import bisect
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from .expand import NEG_INF, DraftPool, budget_top_n
 
-__all__ = ["RoundCost", "best_count", "cost_cut", "expected_yield"]
+__all__ = ["RoundCost", "best_count", "cheapest_at_least", "cost_cut", "expected_yield"]
+
+
+def cheapest_at_least(ms: Sequence[float]) -> tuple[list[float], list[int]]:
+    """Suffix minimum of a measured cost curve: what a forward of each size costs when it may be padded.
+
+    Host-side (a start-up curve, not a per-step path).
+
+    Args:
+        ms: ``Q`` measured (or interpolated) costs of a forward of size ``q = 0..Q-1``.
+
+    Returns:
+        ``(price, run)``, each of length ``Q``: ``run[q] >= q`` is the size to run instead of ``q`` (the smallest
+        of the cheapest), ``price[q] = ms[run[q]]``; ``price`` is non-decreasing.
+
+    >>> cheapest_at_least([60.0, 100.0, 119.0, 87.0, 91.0, 84.0, 84.0])
+    ([60.0, 84.0, 84.0, 84.0, 84.0, 84.0, 84.0], [0, 5, 5, 5, 5, 5, 6])
+    """
+    price, run = list(ms), list(range(len(ms)))
+    for q in range(len(ms) - 2, -1, -1):  # strict <: the smaller size on ties
+        if price[q + 1] < price[q]:
+            price[q], run[q] = price[q + 1], run[q + 1]
+    return price, run
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,31 +77,65 @@ class RoundCost:
             plus the root per request (``q = 0`` is a plain decoding step).  Counts past ``Q - 1`` cost
             ``verify_ms[-1]`` (callers measure up to the largest tree they build).
         draft_ms: one draft forward (a level of the tree, or the catch-up).
+        verify_run: host tuple, ``verify_run[q] >= q``: the node count to run a verify of ``q`` nodes at (padding
+            ``verify_run[q] - q`` nodes); empty: no padding.
+        draft_run: host tuple, ``draft_run[w] >= w``: the width to run a draft level of width ``w`` at; empty: no
+            padding.
     """
 
     verify_ms: torch.Tensor
     draft_ms: float
+    verify_run: tuple[int, ...] = ()
+    draft_run: tuple[int, ...] = ()
 
     def round_ms(self, forwards: int, nodes: int) -> torch.Tensor:
         """``[nodes + 1]`` cost of a round with ``forwards`` draft forwards and ``q = 0..nodes`` verified nodes."""
         q = torch.arange(nodes + 1, device=self.verify_ms.device).clamp(max=self.verify_ms.shape[0] - 1)
         return self.draft_ms * forwards + self.verify_ms[q]
 
+    def verify_nodes(self, q: int) -> int:
+        """The node count to run a verify of ``q`` draft nodes at (``q`` itself without padding)."""
+        return self.verify_run[q] if q < len(self.verify_run) else q
+
+    def draft_width(self, w: int) -> int:
+        """The width to run a draft level of ``w`` tokens per request at (``w`` itself without padding)."""
+        return self.draft_run[w] if w < len(self.draft_run) else w
+
     @staticmethod
-    def from_samples(counts: list[int], ms: list[float], draft_ms: float, max_nodes: int) -> "RoundCost":
+    def from_samples(
+        counts: list[int], ms: list[float], draft_ms: float, max_nodes: int, pad: bool = False,
+        draft_widths: list[int] | None = None, draft_width_ms: list[float] | None = None,
+    ) -> "RoundCost":  # fmt: skip
         """Interpolate timings measured at some node counts (sorted, starting at 0) to every ``q <= max_nodes``.
 
-        Linear between samples, constant past the last one, then made non-decreasing (a larger forward never
-        costs less; timing noise otherwise makes the cut jump around).
+        Linear between samples, constant past the last one.  ``pad=False``: then made non-decreasing by its running
+        maximum (timing noise otherwise makes the cut jump around).  ``pad=True``: priced by
+        :func:`cheapest_at_least`, with the sizes to run kept in ``verify_run``; ``draft_widths`` /
+        ``draft_width_ms`` (widths ``1..W`` measured, dense) give ``draft_run`` the same way.
         """
-        x = torch.tensor(counts, dtype=torch.float32)
-        y = torch.tensor(ms, dtype=torch.float32)
-        q = torch.arange(max_nodes + 1, dtype=torch.float32).clamp(max=float(x[-1]))
-        hi = torch.searchsorted(x, q).clamp(1, len(counts) - 1)
-        lo = hi - 1
-        w = ((q - x[lo]) / (x[hi] - x[lo])).clamp(0.0, 1.0) if len(counts) > 1 else torch.zeros_like(q)
-        curve = y[lo] + w * (y[hi] - y[lo]) if len(counts) > 1 else y.expand_as(q).clone()
-        return RoundCost(torch.cummax(curve, 0).values, float(draft_ms))
+        curve = _interpolate(counts, ms, max_nodes)
+        if not pad:
+            return RoundCost(torch.tensor(list(itertools.accumulate(curve, max)), dtype=torch.float32), float(draft_ms))
+        price, run = cheapest_at_least(curve)
+        draft_run: tuple[int, ...] = ()
+        if draft_widths:
+            wcurve = _interpolate([0, *draft_widths], [0.0, *draft_width_ms], max(draft_widths))
+            draft_run = tuple(cheapest_at_least(wcurve)[1])
+        return RoundCost(torch.tensor(price, dtype=torch.float32), float(draft_ms), tuple(run), draft_run)
+
+
+def _interpolate(counts: list[int], ms: list[float], max_nodes: int) -> list[float]:
+    """``ms`` at ``counts`` (sorted, starting at 0) for every ``q = 0..max_nodes``: linear between them, constant
+    past the last."""
+    out = []
+    for q in range(max_nodes + 1):
+        i = bisect.bisect_right(counts, q)
+        if i >= len(counts):
+            out.append(float(ms[-1]))
+        else:
+            x0, x1, y0, y1 = counts[i - 1], counts[i], ms[i - 1], ms[i]
+            out.append(y0 + (q - x0) / (x1 - x0) * (y1 - y0))
+    return out
 
 
 def expected_yield(node_logp: torch.Tensor) -> torch.Tensor:

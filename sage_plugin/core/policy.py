@@ -107,6 +107,8 @@ class TreePolicy(Protocol):
     frontier_capacity: int
     #: the policy uses a measured round cost (:mod:`sage_plugin.core.cost`) in ``finalize`` / ``keep_drafting``
     wants_cost: bool
+    #: with ``wants_cost``: the runtime runs forwards at the cost's padded sizes (:meth:`RoundCost.verify_nodes`)
+    pad_forwards: bool
 
     def init_state(self, batch: int, device: torch.device | str) -> PolicyState:
         """Fresh state for ``batch`` requests that have not drafted yet."""
@@ -158,6 +160,7 @@ class FixedShapePolicy:
 
     name: ClassVar[str] = "base"
     wants_cost = False  # the baselines keep their published fixed shapes
+    pad_forwards = False
 
     @classmethod
     def max_depth_for(cls, cfg: SageConfig) -> int:

@@ -77,6 +77,7 @@ class SagePolicy(FixedShapePolicy):
         self.pool_capacity = self.tree_capacity
         self.frontier_capacity = self.tree_capacity - 1
         self.wants_cost = cfg.node_budget == "auto"
+        self.pad_forwards = self.wants_cost and cfg.pad_forwards
 
     def init_state(self, batch: int, device: torch.device | str = "cpu") -> PolicyState:
         state = super().init_state(batch, device)

@@ -8,6 +8,7 @@ reported by ``sage bench`` as ``profile_s``), like SGLang's CUDA-graph capture a
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 
@@ -19,8 +20,11 @@ from .lm import EngineModel
 
 __all__ = ["measure_round_cost", "NODE_COUNTS"]
 
-#: node counts (root excluded) timed; the others are interpolated.
-NODE_COUNTS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+#: node counts (root excluded) timed; the others are interpolated.  Dense where a few-row BLAS call can cost more
+#: than a larger one (the padding targets), sparse past it.
+NODE_COUNTS = (*range(17), 20, 24, 32, 48, 64, 96, 128, 192, 256)
+#: draft level widths timed when forwards are padded (``pad``); wider levels run unpadded.
+MAX_PADDED_WIDTH = 16
 
 
 def _forward_ms(model: EngineModel, state: SeqState, q: int, repeats: int, sync) -> float:
@@ -54,6 +58,8 @@ def measure_round_cost(
     repeats: int = 2,
     stop_ratio: float = 4.0,
     sync=lambda: None,
+    pad: bool = False,
+    max_width: int = 0,
 ) -> RoundCost:
     """Time the target at the :data:`NODE_COUNTS` up to ``max_nodes`` and the draft at ``draft_width`` tokens.
 
@@ -66,6 +72,9 @@ def measure_round_cost(
         max_nodes: largest tree (draft nodes, root excluded) the policy can build.
         draft_width: tokens per request in a typical draft level.
         sync: device synchronisation (``torch.cuda.synchronize`` on CUDA).
+        pad: price and run forwards at the cheapest measured size at or above theirs
+            (:meth:`RoundCost.from_samples`); the draft is then also timed at every width ``1..max_width`` (at most
+            :data:`MAX_PADDED_WIDTH`) and ``draft_ms`` is the padded ``draft_width``'s.
     """
     counts = [c for c in NODE_COUNTS if c < max_nodes] + [max_nodes]
     measured, ms = [], []
@@ -74,8 +83,12 @@ def measure_round_cost(
         ms.append(_forward_ms(target, tstate, c + 1, repeats, sync))
         if ms[-1] > stop_ratio * ms[0]:
             break
-    draft_ms = _forward_ms(draft, dstate, max(1, draft_width), repeats, sync)
-    cost = RoundCost.from_samples(measured, ms, draft_ms, max_nodes)
+    widths = list(range(1, min(max_width, MAX_PADDED_WIDTH) + 1)) if pad else []
+    width_ms = [_forward_ms(draft, dstate, w, repeats, sync) for w in widths]
+    cost = RoundCost.from_samples(measured, ms, 0.0, max_nodes, pad, widths, width_ms)
+    typical = cost.draft_width(max(1, draft_width))
+    draft_ms = width_ms[typical - 1] if typical <= len(width_ms) else _forward_ms(draft, dstate, typical, repeats, sync)
+    cost = dataclasses.replace(cost, draft_ms=draft_ms)
     if measured[-1] < max_nodes:
         cost.verify_ms[measured[-1] + 1 :] = float("inf")
     return cost

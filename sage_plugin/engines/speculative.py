@@ -140,14 +140,15 @@ class SpecEngine:
         spent measuring it now; ``(None, 0.0)`` for a policy that does not use it."""
         if not policy.wants_cost:
             return None, 0.0
-        key = (tstate.next_pos.shape[0], policy.pool_capacity - 1, policy.frontier_capacity)
+        key = (tstate.next_pos.shape[0], policy.pool_capacity - 1, policy.frontier_capacity, policy.pad_forwards)
         if key in self.round_costs:
             return self.round_costs[key], 0.0
         t0 = time.perf_counter()
         width = min(policy.frontier_capacity, 4)  # a typical level: SAGE narrows from W (2-10) with depth
         self.round_costs[key] = measure_round_cost(
-            self.target, self.draft, tstate, dstate, policy.pool_capacity - 1, width, sync=self._sync
-        )
+            self.target, self.draft, tstate, dstate, policy.pool_capacity - 1, width, sync=self._sync,
+            pad=policy.pad_forwards, max_width=policy.frontier_capacity,
+        )  # fmt: skip
         return self.round_costs[key], time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------------------
@@ -217,12 +218,13 @@ class SpecEngine:
         """Speculative rounds until every request stops: catch-up, expansion, verification, commit."""
         batch = _SpecBatch.start(policy, roots, ids, params, self.device)
         while batch.ids:
-            root_logprobs, root_slot = self._catch_up(dstate, batch)
+            pad = cost if policy.pad_forwards else None
+            root_logprobs, root_slot = self._catch_up(dstate, batch, pad)
             plan = policy.plan(batch.pstate, root_logprobs)
             pool, slot_of, forwards = self._expand(policy, plan, batch.roots, root_logprobs, root_slot, dstate, cost)
             n_nodes = policy.pool_capacity - 1
             tree = policy.finalize(plan, pool, cost.round_ms(forwards, n_nodes) if cost is not None else None)
-            tree, res, t0 = self._verify(tree, tstate, batch, params, gen)
+            tree, res, t0 = self._verify(tree, tstate, batch, params, gen, pad)
             self._commit(tstate, dstate, batch, tree, res, slot_of, t0)
             batch.pstate = policy.observe(batch.pstate, plan, tree, res.accepted_nodes, res.num_accepted, pool)
             self._log_round(outputs, batch.ids, plan, tree, res, forwards)
@@ -236,14 +238,17 @@ class SpecEngine:
             tstate.compact()
             dstate.compact()
 
-    def _catch_up(self, dstate: SeqState, batch: _SpecBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Phase 1: one ragged draft forward over each request's pending tokens (root last).
+    def _catch_up(self, dstate: SeqState, batch: _SpecBatch, pad=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Phase 1: one ragged draft forward over each request's pending tokens (root last), at ``pad``'s padded
+        width where given (a :class:`RoundCost`).
 
         Returns ``(root_logprobs [B, V], root_slot [B])``: the draft's distribution after the root and the root's
         draft KV slot.
         """
         dev, bsz = self.device, len(batch.ids)
         q = int(batch.pend_len.max())
+        if pad is not None:
+            q = min(pad.draft_width(q), batch.pending.shape[1])
         ar = torch.arange(q, device=dev)
         qv = ar[None] < batch.pend_len[:, None]
         s0 = dstate.num_slots
@@ -278,6 +283,8 @@ class SpecEngine:
             width = int((frontier.idx >= 0).sum(1).max())
             if width == 0:
                 break
+            if policy.pad_forwards:  # padding columns are -1 (invalid): masked like a ragged batch's
+                width = min(cost.draft_width(width), frontier.idx.shape[1])
             frontier = Frontier(frontier.idx[:, :width])  # drop all-padding columns
             fidx, fvalid = frontier.idx, frontier.valid
             extra = self._ancestor_slots(pool, slot_of, fidx, level, dstate.num_slots)
@@ -298,16 +305,19 @@ class SpecEngine:
             forwards += 1
         return pool, slot_of, forwards
 
-    def _verify(self, tree: DraftTree, tstate: SeqState, batch: _SpecBatch, params: SamplingParams, gen):
+    def _verify(self, tree: DraftTree, tstate: SeqState, batch: _SpecBatch, params: SamplingParams, gen, pad=None):
         """Phase 3: one target forward over ``[root, drafts...]`` at ``prefix + depth`` under the ancestor mask.
 
-        Returns ``(tree trimmed to its widest request, VerifyResult, first target KV slot of the tree)``.
+        ``pad``: a :class:`RoundCost` whose padded sizes the forward runs at (the extra columns are the tree's own
+        padding: masked, never committed).  Returns ``(tree trimmed to its widest request, VerifyResult, first
+        target KV slot of the tree)``.
         """
         n = int(tree.num_nodes.max())
-        tokens, parents, depths = tree.tokens[:, :n], tree.parents[:, :n], tree.depths[:, :n]
+        run = n if pad is None else min(pad.verify_nodes(n - 1) + 1, tree.width)
+        tokens, parents, depths = tree.tokens[:, :run], tree.parents[:, :run], tree.depths[:, :run]
         t0 = tstate.num_slots
-        mask = tstate.attention_mask(ancestor_mask(parents, tree.max_depth), tree.valid()[:, :n])
-        logits = self.target.forward(tstate, tokens, tstate.next_pos[:, None] + depths.clamp(min=0), mask)
+        mask = tstate.attention_mask(ancestor_mask(parents, tree.max_depth), tree.valid()[:, :run])
+        logits = self.target.forward(tstate, tokens, tstate.next_pos[:, None] + depths.clamp(min=0), mask)[:, :n]
         trimmed = tree.narrow(n)
         if params.temperature <= 0:
             return trimmed, greedy_verify(trimmed, logits), t0

@@ -25,9 +25,11 @@ def test_every_named_ablation_parses_to_a_valid_config():
         spec = parse_method(name, base)
         assert spec.name == name and spec.config is not None
     assert parse_method("ar", base).config is None
+    tuned = parse_method("static-tuned", base)
+    assert tuned.tuned and tuned.name == "static-tuned" and tuned.config.policy == "static"
     custom = parse_method("tight=sage:n_max=16,theta0=0.2", base)
     assert custom.name == "tight" and custom.config.n_max == 16 and custom.config.theta0 == 0.2
-    for bad in ("nope", "sage:n_max=0", "sage:unknown_knob=1", "ar:k=2", "sage:n_max"):
+    for bad in ("nope", "sage:n_max=0", "sage:unknown_knob=1", "ar:k=2", "sage:n_max", "static-tuned:k=2"):
         with pytest.raises(ConfigError):
             parse_method(bad, base)
 

@@ -151,7 +151,7 @@ def test_round_cost_is_measured_once_per_batch_size(engine):
     fresh.generate(_requests(2), sp, pol)
     assert fresh.last_profile_s > 0
     ((key, cost),) = fresh.round_costs.items()
-    assert key == (2, pol.pool_capacity - 1, pol.frontier_capacity)
+    assert key == (2, pol.pool_capacity - 1, pol.frontier_capacity, True)
     v = cost.verify_ms
     assert v.shape == (pol.pool_capacity,) and bool(torch.isfinite(v[:2]).all()) and bool((v[1:] >= v[:-1]).all())
     assert cost.draft_ms > 0
@@ -179,7 +179,7 @@ def test_sage_cost_cut_stays_lossless_and_sizes_trees_to_the_cost(engine, batch)
         fresh = SpecEngine(engine.target, engine.draft)
         for b in range(1, batch + 1):
             cost = RoundCost(10.0 + per_token_ms * torch.arange(n + 1, dtype=torch.float32), 1.0)
-            fresh.round_costs[(b, n, pol.frontier_capacity)] = cost
+            fresh.round_costs[(b, n, pol.frontier_capacity, pol.pad_forwards)] = cost
         got = []
         for i in range(0, len(reqs), batch):
             got += fresh.generate(reqs[i : i + batch], sp, pol)
@@ -193,6 +193,61 @@ def test_sage_cost_cut_stays_lossless_and_sizes_trees_to_the_cost(engine, batch)
             assert got[0].rounds[0].nodes == 25, "flat cost: round 1 keeps the whole static tree"
     assert max(nodes[200.0]) == 0, "a node costing 20 plain steps is never verified"
     assert 0 < max(nodes[0.05]) and sum(nodes[0.05]) / len(nodes[0.05]) < sum(nodes[0.0]) / len(nodes[0.0])
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_padded_forwards_stay_lossless_and_run_at_the_padded_sizes(engine, batch):
+    """A pinned cost where every verify pads to 12 nodes and every draft forward to width 6: outputs equal plain
+    decoding, and every verify / draft forward of a round has exactly that many columns."""
+    from sage_plugin.core.cost import RoundCost
+
+    reqs = _requests(3)
+    sp = SamplingParams(max_new_tokens=30)
+    ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
+    pol = build_policy(SageConfig(n_max=16, w_max=6, k=6))
+    n = pol.pool_capacity - 1
+    verify_run = tuple([0] + [max(q, 12) for q in range(1, n + 1)])
+    draft_run = tuple([0] + [max(w, 6) for w in range(1, pol.frontier_capacity + 1)])
+    mild = 10.0 + 0.05 * torch.arange(n + 1, dtype=torch.float32)  # cuts trees (as in the test above)
+    fresh = SpecEngine(copy.copy(engine.target), copy.copy(engine.draft))
+    for b in range(1, batch + 1):
+        fresh.round_costs[(b, n, pol.frontier_capacity, True)] = RoundCost(mild, 0.5, verify_run, draft_run)
+    widths = {"target": [], "draft": []}
+    for name in widths:
+        model = getattr(fresh, name)
+        model.forward = (lambda f, log: lambda st, ids, *a: log.append(ids.shape[1]) or f(st, ids, *a))(
+            model.forward, widths[name]
+        )
+    got = []
+    for i in range(0, len(reqs), batch):
+        got += fresh.generate(reqs[i : i + batch], sp, pol)
+    for out in got:
+        assert out.tokens == ref[out.request_id]
+    rounds = [r for o in got for r in o.rounds]
+    assert any(0 < r.nodes < 12 for r in rounds), "some trees are smaller than the padded size"
+    assert set(widths["target"]) == {13}, widths["target"]  # root + 12 nodes, whatever the tree
+    # catch-ups (1-2 tokens) and tree levels alike, but the first catch-up of a call: its pending buffer holds 1
+    calls = len(range(0, len(reqs), batch))
+    assert set(widths["draft"]) == {1, 6} and widths["draft"].count(1) == calls, widths["draft"]
+
+
+def test_static_tuned_picks_the_fastest_fixed_tree_it_timed(engine):
+    """``static-tuned`` times every candidate (static cuts and chains) and returns the fastest, whose config is the
+    candidate's own; the tuned tree stays lossless."""
+    from sage_plugin.bench.tune import CHAIN_DEPTHS, STATIC_SIZES, tune_static, tuning_candidates
+
+    base = SageConfig()
+    sp = SamplingParams(max_new_tokens=6)
+    label, cfg, tok_s = tune_static(engine, base, _requests(2), sp)
+    cands = tuning_candidates(base)
+    assert set(tok_s) == set(cands) == {f"static@{n}" for n in STATIC_SIZES} | {f"chain@{d}" for d in CHAIN_DEPTHS}
+    assert all(v > 0 for v in tok_s.values())
+    assert tok_s[label] == max(tok_s.values()) and cfg == cands[label]
+    assert len(cands["static@4"].static_tree) == 4 and cands["chain@3"].chain_depth == 3
+    reqs = _requests(3)
+    ref = [o.tokens for o in engine.generate(reqs, SamplingParams(max_new_tokens=20), None)]
+    got = [o.tokens for o in engine.generate(reqs, SamplingParams(max_new_tokens=20), build_policy(cfg))]
+    assert got == ref
 
 
 def test_restricted_draft_head_matches_full_head_on_its_ids_and_stays_lossless(engine):

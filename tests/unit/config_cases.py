@@ -17,6 +17,7 @@ OTHER_VALUES: dict[str, list] = {
     "theta0": [0.2],
     "alpha_init": [0.3],
     "first_round_static": [False],
+    "pad_forwards": [False],
     "use_history": [False],
     "history_window": [5],
     "history_lo": [1.5],

@@ -23,6 +23,7 @@ BAD_VALUES: dict[str, list] = {
     "theta0": [-0.1, 1.5, math.nan, math.inf, True, "0.1"],
     "alpha_init": [-0.01, 1.01, math.nan, None],
     "first_round_static": [1, "yes", None],
+    "pad_forwards": [0, "no", None],
     "use_history": [0, "true"],
     "history_window": [0, 10_001, 2.5],
     "history_lo": [-1.0, math.nan, 1e7],

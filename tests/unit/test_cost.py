@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sage_plugin.config import ConfigError, SageConfig
-from sage_plugin.core.cost import RoundCost, best_count, expected_yield
+from sage_plugin.core.cost import RoundCost, best_count, cheapest_at_least, expected_yield
 from sage_plugin.core.expand import budget_top_n, new_pool
 from sage_plugin.core.policies import build_policy
 
@@ -86,6 +86,29 @@ def test_round_cost_from_samples_interpolates_and_is_monotone():
     assert all(a <= b for a, b in zip(v, v[1:]))
     # counts past the measured curve cost its last value
     assert cost.round_ms(forwards=1, nodes=12).tolist()[-1] == 22.0
+
+
+@given(ms=st.lists(st.floats(1.0, 500.0, allow_nan=False), min_size=1, max_size=40))
+def test_cheapest_at_least_matches_naive(ms):
+    """Suffix minimum: run[q] is the smallest q' >= q of least cost, and its price is that cost."""
+    price, run = cheapest_at_least(ms)
+    for q in range(len(ms)):
+        best = min(ms[q:])
+        assert run[q] == q + ms[q:].index(best)
+        assert price[q] == best
+    assert all(a <= b for a, b in zip(price, price[1:]))
+
+
+def test_round_cost_padded_runs_cheaper_sizes():
+    """This CPU's shape (SmolLM2 verify ms by node count): 2-3 and 6-7 tokens cost more than 8."""
+    counts, ms = list(range(9)), [60.0, 100.0, 119.0, 87.0, 91.0, 105.0, 126.0, 84.0, 90.0]
+    cost = RoundCost.from_samples(counts, ms, 3.0, max_nodes=10, pad=True,
+                                  draft_widths=[1, 2, 3, 4], draft_width_ms=[9.0, 14.0, 13.0, 12.0])  # fmt: skip
+    assert cost.verify_ms.tolist() == [60.0, 84.0, 84.0, 84.0, 84.0, 84.0, 84.0, 84.0, 90.0, 90.0, 90.0]
+    assert [cost.verify_nodes(q) for q in range(12)] == [0, 7, 7, 7, 7, 7, 7, 7, 8, 9, 10, 11]
+    assert [cost.draft_width(w) for w in range(6)] == [0, 1, 4, 4, 4, 5]
+    unpadded = RoundCost.from_samples(counts, ms, 3.0, max_nodes=10)
+    assert unpadded.verify_ms.tolist()[:4] == [60.0, 100.0, 119.0, 119.0] and unpadded.verify_nodes(3) == 3
 
 
 def test_config_node_budget_is_validated():

@@ -55,6 +55,7 @@ SGLANG_SUPPORT = RuntimeSupport(
         "static_tree": _ALL,
     },
     not_read={
+        "pad_forwards": "with node_budget auto only (a fixed verify width has nothing to pad)",
         "eagle_depth": "baseline policies only",
         "eagle_total_tokens": "baseline policies only",
         "chain_depth": "baseline policies only",

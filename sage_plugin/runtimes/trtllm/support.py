@@ -37,6 +37,7 @@ _BASELINES = {
     "prune_ratio_image": "no draft-side visual-token pruning in the TensorRT-LLM adapter",
     "prune_ratio_video": "no draft-side visual-token pruning in the TensorRT-LLM adapter",
 }
+_NO_PAD = "with node_budget auto only (a fixed verify width has nothing to pad)"
 _CHAIN = "a chain keeps each of its D levels: the level-inclusion rule (Eq. 12) shapes trees"
 _WIDTH = "width 1: TensorRT-LLM's user-provided drafter path verifies a linear draft"
 
@@ -65,6 +66,7 @@ TRTLLM_SUPPORT = RuntimeSupport(
         "budget_order": _CHAIN,
         "keep_top1": _CHAIN,
         "topology": "a chain has no topology to plan",
+        "pad_forwards": _NO_PAD,
         "static_tree": "a chain has no static first tree",
         **_BASELINES,
     },
@@ -99,5 +101,9 @@ TRTLLM_TREE_SUPPORT = RuntimeSupport(
         "keep_top1": _ALL,
         "topology": Honoured({"online"}, "planned needs the previous round's draft distributions per rank path"),
     },
-    not_read={"static_tree": "the first-round static tree is not applied (first_round_static)", **_BASELINES},
+    not_read={
+        "static_tree": "the first-round static tree is not applied (first_round_static)",
+        "pad_forwards": _NO_PAD,
+        **_BASELINES,
+    },
 )
