@@ -183,6 +183,45 @@ def build_vlm_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit SAGE's calibration table for a draft (a YAML for --config)")
+    p.add_argument("--out", required=True, help="YAML to write (a 'sage:' section with 'calibration')")
+    p.add_argument("--datasets", default="mixed", help="bundled prompt sets to fit on (default: mixed)")
+    p.add_argument("--prompts", dest="prompts_file", default=None, metavar="FILE.jsonl", help="fit on these instead")
+    p.add_argument("--num-prompts", type=int, default=40)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--alpha-bins", type=int, default=4)
+    p.add_argument("--prob-bins", type=int, default=10)
+    p.add_argument("--target", default=None, help="HF target dir (default: the bundled SmolLM2)")
+    p.add_argument("--draft", default=None, help="HF draft dir (default: the shipped draft)")
+    p.add_argument("--config", default=None, help="YAML with SAGE options (k is read)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--cache-dir", default=None)
+
+
+def calibrate_main(args: argparse.Namespace) -> int:
+    """``sage calibrate``: plain decoding on the prompts, one teacher-forced draft pass, the fitted table as YAML."""
+    from .bench.calibrate import calibrate, write_calibration
+    from .bench.command import BenchOptions, build_setup
+    from .engines.speculative import SamplingParams
+
+    base = _base_config(args.config, args.set)
+    opts = BenchOptions(datasets=args.datasets, prompts_file=args.prompts_file, num_prompts=args.num_prompts,
+                        max_new_tokens=args.max_new_tokens, target=args.target, draft=args.draft,
+                        device=args.device, cache_dir=args.cache_dir)  # fmt: skip
+    setup = build_setup(opts, base)
+    params = SamplingParams(max_new_tokens=opts.new_tokens, stop_token_ids=(setup.eos_token_id,))
+    table, n = calibrate(setup.engine, setup.requests, params, base.k, args.alpha_bins, args.prob_bins)
+    header = (f"SAGE calibration (sage calibrate): draft {setup.draft_desc}\ntarget {setup.target_desc}\n"
+              f"{n} top-{base.k} candidates from {len(setup.requests)} prompts x {opts.new_tokens} tokens; rows: "
+              f"alpha bins, columns: draft-probability bins (docs/algorithm.md)")  # fmt: skip
+    write_calibration(args.out, table, header)
+    print("\n".join(" ".join(f"{v:.3f}" for v in row) for row in table))
+    print(f"wrote {args.out} ({n} candidates)")
+    return 0
+
+
 def _trtllm_serve_parser(sub) -> None:
     p = sub.add_parser("trtllm-serve", help="TensorRT-LLM's OpenAI server with SAGE (needs tensorrt_llm and a GPU)")
     p.add_argument("--config", required=True, help="SAGE launch YAML (engine_configs/trtllm/, docs/trtllm.md)")
@@ -218,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     _serving_parser(sub)
     _build_vlm_parser(sub)
     _trtllm_serve_parser(sub)
+    _calibrate_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -229,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
             return build_vlm_main(args)
         if args.command == "trtllm-serve":
             return trtllm_serve_main(args)
+        if args.command == "calibrate":
+            return calibrate_main(args)
         from .train.draft import train_draft
 
         return train_draft(args) or 0

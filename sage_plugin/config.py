@@ -111,6 +111,9 @@ class SageConfig:
     n_max: int = 64  # node cap (draft nodes, root excluded)
     node_budget: str = "auto"  # auto: also the cost-optimal cut under the measured verify cost; fixed: n_max only
     pad_forwards: bool = True  # auto budget: run forwards at the cheapest measured size >= theirs, priced so
+    # calibrated path values (core/calibration.py): rows = parent-alpha bins, columns = draft-probability bins,
+    # acceptance rates in (0, 1] (`sage calibrate` fits one); empty: the draft's own probabilities
+    calibration: tuple[tuple[float, ...], ...] = ()
     theta0: float = 0.1  # theta_l = theta0 * l / D
     alpha_init: float = 0.5
     first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)
@@ -163,6 +166,9 @@ class SageConfig:
         _float_in("alpha_init", self.alpha_init, 0.0, 1.0)
         _bool("first_round_static", self.first_round_static)
         _bool("pad_forwards", self.pad_forwards)
+        _validate_calibration(self.calibration)
+        if self.calibration and self.topology == "planned":
+            raise ConfigError("calibration works with topology online (the planned replay ranks by draft probability)")
         _bool("use_history", self.use_history)
         _int_in("history_window", self.history_window, 1, 10_000)
         _float_in("history_lo", self.history_lo, 0.0, 1e6)
@@ -212,6 +218,7 @@ class SageConfig:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["static_tree"] = [list(p) for p in self.static_tree]
+        out["calibration"] = [list(r) for r in self.calibration]
         return out
 
     def replace(self, **changes: Any) -> "SageConfig":
@@ -266,7 +273,27 @@ def from_mapping(values: Mapping[str, Any]) -> SageConfig:
         if not isinstance(tree, (list, tuple)) or not all(isinstance(p, (list, tuple)) for p in tree):
             raise ConfigError(f"static_tree must be a list of rank paths like [[0], [0, 0]], got {tree!r}")
         kwargs["static_tree"] = tuple(tuple(p) for p in tree)
+    if "calibration" in kwargs:
+        table = kwargs["calibration"]
+        if not isinstance(table, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in table):
+            raise ConfigError(f"calibration must be a list of rows of acceptance rates, got {table!r}")
+        kwargs["calibration"] = tuple(tuple(r) for r in table)
     return SageConfig(**kwargs)
+
+
+def _validate_calibration(table: Any) -> None:
+    """Empty, or 1-64 rows of the same 1-64 numbers in (0, 1]."""
+    if table == ():
+        return
+    if not isinstance(table, tuple) or not all(isinstance(r, tuple) for r in table):
+        raise ConfigError(f"calibration must be a list of rows of acceptance rates, got {table!r}")
+    widths = {len(r) for r in table}
+    if not 1 <= len(table) <= 64 or len(widths) != 1 or not 1 <= widths.pop() <= 64:
+        raise ConfigError("calibration must have 1-64 rows (alpha bins) of one length 1-64 (probability bins)")
+    for r in table:
+        for v in r:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
+                raise ConfigError(f"calibration values must be numbers in (0, 1], got {v!r}")
 
 
 def _validate_tree_choices(name: str, paths: Any, k: int) -> None:

@@ -30,6 +30,7 @@ from ..models import (
     load_tokenizer,
     truncated_draft,
 )
+from .calibrate import calibrate
 from .methods import MethodSpec
 from .report import category_table, markdown_table, summarize, write_plots
 from .run import run_methods
@@ -38,8 +39,9 @@ from .tune import tune_static
 
 __all__ = ["BenchOptions", "BenchSetup", "bench_config", "build_setup", "print_report", "run_bench"]
 
-#: ``static-tuned`` times its candidates on this many bundled prompts, :data:`TUNING_TOKENS` new tokens each.
-TUNING_PROMPTS, TUNING_TOKENS = 4, 32
+#: ``sage-calibrated`` fits on this many bundled prompts, :data:`TUNING_TOKENS` new tokens each; ``static-tuned``
+#: times each of its 13 candidates on the first :data:`STATIC_TUNING_PROMPTS` of them.
+TUNING_PROMPTS, TUNING_TOKENS, STATIC_TUNING_PROMPTS = 8, 32, 4
 
 
 @dataclass(frozen=True)
@@ -266,19 +268,35 @@ def _sweep(results: dict, setup: BenchSetup, base: SageConfig, sizes: list[int])
 
 
 def _tune(methods: list[MethodSpec], setup: BenchSetup, base: SageConfig, params: SamplingParams):
-    """Replace a ``static-tuned`` placeholder by the fastest fixed tree on this device (:mod:`.tune`); returns the
-    methods and what the tuning measured (``{}`` if nothing was tuned)."""
+    """Replace the fitted methods' placeholders (:data:`~.methods.TUNED`) by what was fitted on the bundled tuning
+    prompts: ``static-tuned`` the fastest fixed tree on this device (:mod:`.tune`), ``sage-calibrated`` SAGE with
+    a calibration table for this draft (:mod:`.calibrate`).  Returns the methods and what was measured."""
     if not any(m.tuned for m in methods):
         return methods, {}
     if setup.tuning_requests is None:
-        raise ConfigError("static-tuned tunes on the bundled text prompts: it runs with text prompts only")
+        raise ConfigError("static-tuned and sage-calibrated fit on the bundled text prompts: text runs only")
     tune_params = dataclasses.replace(params, max_new_tokens=TUNING_TOKENS)
-    t0 = time.perf_counter()
-    label, cfg, tok_s = tune_static(setup.engine, base, setup.tuning_requests, tune_params)
-    tuned = {"chosen": label, "tok_s": {k: round(v, 2) for k, v in tok_s.items()}, "tune_s": time.perf_counter() - t0}
-    print(f"static-tuned: {label} (decode tok/s on {TUNING_PROMPTS} bundled prompts: "
-          + ", ".join(f"{k} {v:.1f}" for k, v in tok_s.items()) + ")", flush=True)  # fmt: skip
-    return [MethodSpec(m.name, cfg) if m.tuned else m for m in methods], tuned
+    fitted: dict[str, Any] = {}
+    out = []
+    for m in methods:
+        t0 = time.perf_counter()
+        if m.tuned and m.config.policy == "static":
+            reqs = setup.tuning_requests[:STATIC_TUNING_PROMPTS]
+            label, cfg, tok_s = tune_static(setup.engine, base, reqs, tune_params)
+            fitted[m.name] = {"chosen": label, "tok_s": {k: round(v, 2) for k, v in tok_s.items()}}
+            print(f"{m.name}: {label} (decode tok/s on {len(reqs)} bundled prompts: "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in tok_s.items()) + ")", flush=True)  # fmt: skip
+        elif m.tuned:
+            table, n = calibrate(setup.engine, setup.tuning_requests, tune_params, m.config.k)
+            cfg = m.config.replace(calibration=[list(r) for r in table])
+            fitted[m.name] = {"calibration": [list(r) for r in table], "candidates": n}
+            print(f"{m.name}: table fitted on {n} candidates of {TUNING_PROMPTS} bundled prompts", flush=True)
+        else:
+            out.append(m)
+            continue
+        fitted[m.name]["fit_s"] = round(time.perf_counter() - t0, 1)
+        out.append(MethodSpec(m.name, cfg))
+    return out, fitted
 
 
 def run_bench(opts: BenchOptions, base: SageConfig, methods: list[MethodSpec]) -> int:
@@ -295,11 +313,11 @@ def run_bench(opts: BenchOptions, base: SageConfig, methods: list[MethodSpec]) -
         f"prompts: {len(setup.requests)} x {opts.new_tokens} new tokens, batch {opts.batch_size}, {sampling}",
         flush=True,
     )
-    methods, tuned = _tune(methods, setup, base, params)
+    methods, fitted = _tune(methods, setup, base, params)
     results = run_methods(setup.engine, methods, setup.requests, params, opts.batch_size, opts.warmup, opts.progress)
     config = bench_config(opts, base, methods, setup)
-    if tuned:
-        config["static_tuned"] = tuned
+    if fitted:
+        config["fitted"] = fitted
     summary = summarize(results, config, setup.categories)
     print_report(summary, opts, setup.engine)
     if opts.sweep_sizes:

@@ -56,8 +56,10 @@ ABLATIONS: dict[str, str] = {
 }
 
 
-#: Methods whose tree is chosen on this device before the run (:mod:`sage_plugin.bench.tune`).
-TUNED = ("static-tuned",)
+#: Methods fitted before the run on the bundled tuning prompts: ``static-tuned`` (the fastest fixed tree on this
+#: device, :mod:`sage_plugin.bench.tune`), ``sage-calibrated`` (SAGE with a calibration table fitted for this draft,
+#: :mod:`sage_plugin.bench.calibrate`).
+TUNED = ("static-tuned", "sage-calibrated")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +83,9 @@ def parse_method(text: str, base: SageConfig) -> MethodSpec:
     if policy in ("ar", *TUNED):
         if overrides:
             raise ConfigError(f"method {policy} takes no options")
-        return MethodSpec(name, None) if policy == "ar" else MethodSpec(name, base.replace(policy="static"), True)
+        if policy == "ar":
+            return MethodSpec(name, None)
+        return MethodSpec(name, base.replace(policy="static" if policy == "static-tuned" else "sage"), True)
     if policy not in POLICIES:
         raise ConfigError(
             f"unknown method {policy!r}: use ar, {', '.join(TUNED)}, {', '.join(POLICIES)}, or one of "

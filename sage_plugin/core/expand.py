@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .calibration import calibrated_logp
 from .entropy import topk_confidence
 from .tree import DraftTree, path_code
 
@@ -141,7 +142,10 @@ def new_pool(root_tokens: torch.Tensor, capacity: int, k: int) -> tuple[DraftPoo
     return pool, Frontier(torch.zeros(bsz, 1, dtype=torch.int64, device=dev))
 
 
-def propose(pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, k: int, level: int) -> Candidates:
+def propose(
+    pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, k: int, level: int,
+    calibration: torch.Tensor | None = None,
+) -> Candidates:  # fmt: skip
     """Top-``k`` children of every frontier node.
 
     Args:
@@ -150,6 +154,8 @@ def propose(pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, k: int,
         logprobs: ``[B, F, V]`` draft log-softmax after each frontier node.
         k: children per node.
         level: depth of the children (1 for the root's children).
+        calibration: ``[A, P]`` log calibration table (:mod:`.calibration`): the candidates' ``joint`` is then the
+            parent's plus the calibrated factor instead of the draft log-probability.
     """
     fidx = frontier.idx.clamp(min=0)
     fvalid = frontier.valid
@@ -172,7 +178,8 @@ def propose(pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, k: int,
         tokens=top.indices,
         logp=top.values,
         logp_topk=logp_topk,
-        joint=par(pool.joint) + top.values,
+        joint=par(pool.joint)
+        + (top.values if calibration is None else calibrated_logp(calibration, top.values, conf[..., None])),
         joint_topk=par(pool.joint_topk) + logp_topk,
         parent_logp=par(pool.logp),
         parent_logp_topk=par(pool.logp_topk),

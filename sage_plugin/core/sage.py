@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .baselines import StaticPolicy
+from .calibration import calibration_log_table
 from .controller import observe_history
 from .cost import cost_cut
 from .entropy import topk_confidence
@@ -78,6 +79,7 @@ class SagePolicy(FixedShapePolicy):
         self.frontier_capacity = self.tree_capacity - 1
         self.wants_cost = cfg.node_budget == "auto"
         self.pad_forwards = self.wants_cost and cfg.pad_forwards
+        self._calibration = calibration_log_table(cfg.calibration, "cpu") if cfg.calibration else None
 
     def init_state(self, batch: int, device: torch.device | str = "cpu") -> PolicyState:
         state = super().init_state(batch, device)
@@ -97,7 +99,10 @@ class SagePolicy(FixedShapePolicy):
         return RoundPlan(depth, width, alpha, root_alpha, first, planned)
 
     def step(self, plan: RoundPlan, pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, level: int):
-        c = propose(pool, frontier, logprobs, self.k, level)
+        cal = self._calibration
+        if cal is not None and cal.device != logprobs.device:  # once per device (a host-to-device copy)
+            cal = self._calibration = cal.to(logprobs.device)
+        c = propose(pool, frontier, logprobs, self.k, level, cal)
         if plan.planned is not None:  # replay the tree planned at the end of the last round
             keep, expand = planned_selection(plan.planned, c, self.k)
             order = c.joint

@@ -27,11 +27,26 @@ def test_every_named_ablation_parses_to_a_valid_config():
     assert parse_method("ar", base).config is None
     tuned = parse_method("static-tuned", base)
     assert tuned.tuned and tuned.name == "static-tuned" and tuned.config.policy == "static"
+    calibrated = parse_method("sage-calibrated", base)
+    assert calibrated.tuned and calibrated.config.policy == "sage" and calibrated.config.calibration == ()
     custom = parse_method("tight=sage:n_max=16,theta0=0.2", base)
     assert custom.name == "tight" and custom.config.n_max == 16 and custom.config.theta0 == 0.2
     for bad in ("nope", "sage:n_max=0", "sage:unknown_knob=1", "ar:k=2", "sage:n_max", "static-tuned:k=2"):
         with pytest.raises(ConfigError):
             parse_method(bad, base)
+
+
+def test_calibrate_writes_a_config_the_bench_reads(tmp_path, capsys):
+    """``sage calibrate`` on the real pair (2 prompts x 6 tokens): a YAML whose table validates and loads."""
+    out = tmp_path / "cal.yaml"
+    rc = main(["calibrate", "--num-prompts", "2", "--max-new-tokens", "6", "--alpha-bins", "2", "--prob-bins", "5",
+               "--out", str(out)])  # fmt: skip
+    assert rc == 0
+    cfg = SageConfig.from_yaml(out)
+    assert len(cfg.calibration) == 2 and all(len(r) == 5 for r in cfg.calibration)
+    assert all(all(x <= y for x, y in zip(r, r[1:])) for r in cfg.calibration)
+    assert out.read_text().startswith("# SAGE calibration (sage calibrate)")
+    assert f"wrote {out} (" in capsys.readouterr().out
 
 
 def test_bad_flag_is_one_clear_error(capsys):

@@ -250,6 +250,34 @@ def test_static_tuned_picks_the_fastest_fixed_tree_it_timed(engine):
     assert got == ref
 
 
+def test_calibration_is_fitted_on_teacher_forced_candidates_and_stays_lossless(engine):
+    """``collect_candidates``: k candidates per generated position, at most one of them the target's token, the
+    target's token counted where the draft ranked it; SAGE with the fitted table still equals plain decoding."""
+    from sage_plugin.bench.calibrate import calibrate, collect_candidates
+
+    reqs, k = _requests(3), 4
+    sp = SamplingParams(max_new_tokens=12)
+    plain = engine.generate(reqs, sp, None)
+    alpha, prob, ok = collect_candidates(engine, reqs, sp, k)
+    positions = sum(len(o.tokens) for o in plain)
+    assert len(alpha) == len(prob) == len(ok) == k * positions
+    groups = [slice(i, i + k) for i in range(0, len(ok), k)]
+    assert all(sum(ok[g]) <= 1 and prob[g] == sorted(prob[g], reverse=True) for g in groups)
+    assert all(len(set(alpha[g])) == 1 and 0.0 <= alpha[g][0] <= 1.0 for g in groups)
+    # the first generated position of request 0, by hand
+    n0 = len(reqs[0].prompt_ids)
+    row = torch.log_softmax(engine.draft.sequence_logits(reqs[0].prompt_ids + plain[0].tokens)[n0 - 1], -1)
+    top = torch.topk(row, k)
+    assert prob[:k] == pytest.approx(top.values.exp().tolist(), rel=1e-5)
+    assert ok[:k] == (top.indices == plain[0].tokens[0]).tolist()
+    table, n = calibrate(engine, reqs, sp, k, alpha_bins=2, prob_bins=4)
+    assert n == k * positions and len(table) == 2 and all(len(r) == 4 for r in table)
+    cfg = SageConfig(k=k, w_max=k).replace(calibration=[list(r) for r in table])
+    got = engine.generate(reqs, SamplingParams(max_new_tokens=30), build_policy(cfg))
+    ref = engine.generate(reqs, SamplingParams(max_new_tokens=30), None)
+    assert [o.tokens for o in got] == [o.tokens for o in ref]
+
+
 def test_restricted_draft_head_matches_full_head_on_its_ids_and_stays_lossless(engine):
     """A draft model with ``head_ids`` returns the full model's logits on those ids, -inf elsewhere,
     and speculative decoding with it still equals plain decoding."""

@@ -192,8 +192,21 @@ def _topk_ref(probs: Sequence[float], k: int, m: Margin) -> list[tuple[int, floa
     return [(t, probs[t]) for t in order[:k]]
 
 
-def _propose(nodes, frontier, root_probs, draft_fn, k: int, level: int, m: Margin) -> list[tuple[int, RefNode]]:
-    """Top-k children of every frontier node, in frontier order: ``(position = slot * k + rank, node)``."""
+def _calibrated_ref(table, p: float, alpha: float, m: Margin) -> float:
+    """``table[alpha bin][probability bin]`` (:mod:`sage_plugin.core.calibration`); near a bin edge: ambiguous."""
+    for x, bins in ((alpha, len(table)), (p, len(table[0]))):
+        if abs(x * bins - round(x * bins)) < 1e-5 * bins and 0 < round(x * bins) < bins:
+            m.note(0.0, "calibration bin edge")
+    row = min(max(int(alpha * len(table)), 0), len(table) - 1)
+    col = min(max(int(p * len(table[0])), 0), len(table[0]) - 1)
+    return table[row][col]
+
+
+def _propose(
+    nodes, frontier, root_probs, draft_fn, k: int, level: int, m: Margin, calibration=()
+) -> list[tuple[int, RefNode]]:
+    """Top-k children of every frontier node, in frontier order: ``(position = slot * k + rank, node)``; a node's
+    joint is its parent's times its probability, or times its calibrated value with a ``calibration`` table."""
     cands = []
     for pos, u in enumerate(frontier):
         parent = nodes[u]
@@ -204,9 +217,10 @@ def _propose(nodes, frontier, root_probs, draft_fn, k: int, level: int, m: Margi
         for rank, (tok, p) in enumerate(top):
             if p <= 0.0:
                 continue  # impossible token: not a candidate
+            factor = _calibrated_ref(calibration, p, parent.conf, m) if calibration else p
             node = RefNode(
                 parent.path + (tok,), parent.ranks + (rank,), tok, u, level,
-                p, p / mass, parent.joint * p, parent.joint_topk * (p / mass),
+                p, p / mass, parent.joint * factor, parent.joint_topk * (p / mass),
             )  # fmt: skip
             cands.append((pos * k + rank, node))
     return cands
@@ -272,7 +286,8 @@ def build_tree_ref(
     frontier, level = [0], 0
     while frontier:
         level += 1
-        cands = _propose(nodes, frontier, root_probs, draft_fn, cfg.k, level, m)
+        calibration = cfg.calibration if cfg.policy == "sage" else ()
+        cands = _propose(nodes, frontier, root_probs, draft_fn, cfg.k, level, m, calibration)
         frontier = []
         for node, grow in select(cfg, _Level(cands, nodes, level, depth, width), m):
             nodes.append(node)

@@ -56,6 +56,7 @@ SGLANG_SUPPORT = RuntimeSupport(
     },
     not_read={
         "pad_forwards": "with node_budget auto only (a fixed verify width has nothing to pad)",
+        "calibration": "SGLang's beam ranks candidates by its own draft scores",
         "eagle_depth": "baseline policies only",
         "eagle_total_tokens": "baseline policies only",
         "chain_depth": "baseline policies only",

@@ -67,6 +67,7 @@ TRTLLM_SUPPORT = RuntimeSupport(
         "keep_top1": _CHAIN,
         "topology": "a chain has no topology to plan",
         "pad_forwards": _NO_PAD,
+        "calibration": "a chain has no nodes to rank",
         "static_tree": "a chain has no static first tree",
         **_BASELINES,
     },
@@ -104,6 +105,7 @@ TRTLLM_TREE_SUPPORT = RuntimeSupport(
     not_read={
         "static_tree": "the first-round static tree is not applied (first_round_static)",
         "pad_forwards": _NO_PAD,
+        "calibration": "the worker ranks candidates by its own draft scores",
         **_BASELINES,
     },
 )
