@@ -278,6 +278,7 @@ def _tune(methods: list[MethodSpec], setup: BenchSetup, base: SageConfig, params
     tune_params = dataclasses.replace(params, max_new_tokens=TUNING_TOKENS)
     fitted: dict[str, Any] = {}
     out = []
+    table: Any = None  # one calibration table for every calibrated method of the run
     for m in methods:
         t0 = time.perf_counter()
         if m.tuned and m.config.policy == "static":
@@ -287,10 +288,12 @@ def _tune(methods: list[MethodSpec], setup: BenchSetup, base: SageConfig, params
             print(f"{m.name}: {label} (decode tok/s on {len(reqs)} bundled prompts: "
                   + ", ".join(f"{k} {v:.1f}" for k, v in tok_s.items()) + ")", flush=True)  # fmt: skip
         elif m.tuned:
-            table, n = calibrate(setup.engine, setup.tuning_requests, tune_params, m.config.k)
+            if table is None:
+                table, n = calibrate(setup.engine, setup.tuning_requests, tune_params, base.k)
+                print(f"calibration: table fitted on {n} candidates of {TUNING_PROMPTS} bundled prompts", flush=True)
+                fitted["calibration"] = {"table": [list(r) for r in table], "candidates": n}
             cfg = m.config.replace(calibration=[list(r) for r in table])
-            fitted[m.name] = {"calibration": [list(r) for r in table], "candidates": n}
-            print(f"{m.name}: table fitted on {n} candidates of {TUNING_PROMPTS} bundled prompts", flush=True)
+            fitted[m.name] = {"calibration": "the run's table (fitted.calibration)"}
         else:
             out.append(m)
             continue

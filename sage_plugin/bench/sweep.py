@@ -9,6 +9,8 @@ method          configuration at budget N
 ``topn``        OPT-Tree's top-N tree, ``topn_nodes = N``
 ``static``      the static tree cut to its first N rank paths in level order (ancestor-closed; at most 25)
 ``sage-paper``  SAGE verifying every node it builds, ``n_max = N`` (``node_budget: fixed``)
+``sage-paper-   the same with a calibration table fitted for the draft before the run (``sage-calibrated``)
+calibrated``
 ``sage``        SAGE sized to this device (``node_budget: auto``), ``n_max = N``
 ``oracle``      the bound: the longest run of the target's own tokens the draft's top-k candidates contained,
                 at most N deep (a chain of target-matching candidates is the best tree any selection can verify)
@@ -34,7 +36,7 @@ from .tune import static_cut
 
 __all__ = ["SWEEP_METHODS", "oracle_tau", "sweep_methods", "sweep_summary", "sweep_table", "write_sweep_plot"]
 
-SWEEP_METHODS = ("eagle2", "topn", "static", "sage-paper", "sage", "oracle")
+SWEEP_METHODS = ("eagle2", "topn", "static", "sage-paper", "sage-paper-calibrated", "sage", "oracle")
 
 
 def sweep_methods(base: SageConfig, sizes: list[int]) -> list[MethodSpec]:
@@ -50,6 +52,8 @@ def sweep_methods(base: SageConfig, sizes: list[int]) -> list[MethodSpec]:
             "sage": dict(sage, node_budget="auto"),
         }
         out += [MethodSpec(f"{name}@{n}", base.replace(**cfg)) for name, cfg in configs.items()]
+        # fitted before the run on the bundled tuning prompts (one table for every N)
+        out.append(MethodSpec(f"sage-paper-calibrated@{n}", base.replace(**sage, node_budget="fixed"), tuned=True))
     return out
 
 
