@@ -126,16 +126,26 @@ def _serving_parser(sub) -> None:
     p.add_argument("--num-prompts", type=int, default=16, help="prompts to draw batches from")
     p.add_argument("--libcuda-dir", default=".sglang-libcuda", help="where tools/setup_sglang.sh unpacked libcuda")
     p.add_argument("--log-dir", default="out/bench-serving", help="server logs")
+    p.add_argument("--methods", default="plain,sage", help="comma list of plain, sage, standalone (SGLang's chain "
+                   "with the same draft), standalone-tree (SGLang's STANDALONE at SAGE's sizes)")  # fmt: skip
     p.add_argument("--json", default=None, help="write the report as JSON")
+    p.add_argument("--plots", default=None, metavar="DIR", help="write serving_tok_s.png")
 
 
 def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
-    from .bench.serving import format_table, run_serving_bench, serving_requests
+    from .bench.serving import (
+        format_table,
+        parse_serving_methods,
+        run_serving_bench,
+        serving_requests,
+        write_serving_plot,
+    )
     from .data.prompts import load_prompt_file, load_prompts, mixed_text_prompts
     from .engines.vlm import ensure_qwen_vl_smollm2
     from .models import bundled_draft_dir, ensure_smollm2
     from .runtimes.sglang.cpu_env import cpu_launch_env, unpacked_libcuda
 
+    methods = parse_serving_methods(args.methods)  # before any server starts
     if args.prompts:
         prompts = load_prompt_file(args.prompts, limit=args.num_prompts)
     elif args.datasets == "vlm":
@@ -158,13 +168,16 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
         config=Path(config).resolve(), target=target, draft=draft.resolve(), env=env,
         log_dir=Path(args.log_dir), batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, requests=serving_requests(prompts, target),
+        methods=methods,
     )  # fmt: skip
     report["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
     report["prompts"] = args.prompts or args.datasets
     print(format_table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
-    return 0 if all(r["identical_outputs"] for r in report["rows"]) else 1
+    if args.plots:
+        print(f"wrote {write_serving_plot(report, Path(args.plots))}")
+    return 0 if all(r["identical"] for r in report["rows"]) else 1
 
 
 def _build_vlm_parser(sub) -> None:

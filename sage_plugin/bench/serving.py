@@ -1,12 +1,15 @@
-"""``sage bench-serving``: SGLang serving with SAGE against plain SGLang serving, side by side in one run.
+"""``sage bench-serving``: SGLang serving with SAGE against plain SGLang and SGLang's own speculative modes, in one run.
 
-Two ``python -m sglang.launch_server`` processes run at once (each in its own process group, on 127.0.0.1): plain
-decoding (the SAGE config's flags minus the speculative ones) and SAGE (``--config`` YAML plus target and draft).
-For each batch size B the same B prompts (bundled MT-Bench / GSM8K / HumanEval, the bundled image prompts, or a
-prompt file; chat template applied, images as base64 ``image_data``) are sent concurrently, greedy, ``max_new_tokens`` each, to one server then the other, alternating which goes first per
-repeat, so machine noise hits both alike.  Reported per batch size: output tokens/s of each (completion tokens
-over the wall time of the batch, prefill included), the ratio, SGLang's mean ``spec_accept_length``, SAGE's
-per-request means (``meta_info["sage"]``), and whether every output equals plain decoding token for token.
+One ``python -m sglang.launch_server`` process per ``--methods`` entry runs at once (each in its own process
+group, on 127.0.0.1), all on the same target and draft: ``plain`` (the SAGE config's flags minus the speculative
+ones), ``sage`` (the ``--config`` YAML), ``standalone`` (SGLang's STANDALONE chain with the same draft: 3 steps,
+top-k 1, 4 tokens) and ``standalone-tree`` (STANDALONE at SAGE's own steps / top-k / verified tokens).  For each
+batch size B the same B prompts (bundled MT-Bench / GSM8K / HumanEval, the bundled image prompts, or a prompt file;
+chat template applied, images as base64 ``image_data``) are sent concurrently, greedy, ``max_new_tokens`` each, to
+every server in turn, rotating the order per repeat, so machine noise hits all alike.  Reported per method and
+batch size: output tokens/s (completion tokens over the wall time of the batch, prefill included), the ratio to
+plain, SGLang's mean ``spec_accept_length``, p50 / p99 request latency, SAGE's per-request means
+(``meta_info["sage"]``), and whether every output equals plain decoding token for token.
 
 Needs SGLang 0.5.23 in the running interpreter (``tools/setup.sh --sglang``); on a machine without an NVIDIA
 driver the launch environment gets the user-space libcuda that ``tools/setup_sglang.sh`` unpacked.
@@ -30,10 +33,14 @@ from typing import Any, Callable
 
 import yaml
 
+from ..config import ConfigError
 from ..data.prompts import Prompt, image_data_url, multimodal_messages, render_chat
 from ..models import load_tokenizer
 
-__all__ = ["SERVER_START_TIMEOUT_S", "Server", "parallel", "plain_flags", "run_serving_bench", "serving_requests"]
+__all__ = [
+    "SERVER_START_TIMEOUT_S", "SERVING_METHODS", "Server", "format_table", "method_args", "parallel",
+    "parse_serving_methods", "plain_flags", "run_serving_bench", "serving_requests", "write_serving_plot",
+]  # fmt: skip
 
 SERVER_START_TIMEOUT_S = 420
 #: SGLang flags (YAML keys) that belong to speculative decoding: dropped from the plain server's flags
@@ -141,14 +148,6 @@ def plain_flags(config: Path) -> list[str]:
     return argv
 
 
-@dataclass
-class _Side:
-    tokens: int = 0
-    seconds: float = 0.0
-    accept: list[float] = field(default_factory=list)
-    sage: list[dict] = field(default_factory=list)
-
-
 def serving_requests(prompts: list[Prompt], target: Path) -> list[dict[str, Any]]:
     """``/generate`` payloads (``text`` and, for a prompt with an image, ``image_data``) of ``prompts``.
 
@@ -169,74 +168,151 @@ def serving_requests(prompts: list[Prompt], target: Path) -> list[dict[str, Any]
     return out
 
 
+@dataclass
+class _Side:
+    tokens: int = 0
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    accept: list[float] = field(default_factory=list)
+    sage: list[dict] = field(default_factory=list)
+
+
+#: ``--methods`` of ``sage bench-serving``: each a server on the same target (``plain`` is the reference).
+SERVING_METHODS = ("plain", "sage", "standalone", "standalone-tree")
+#: SGLang's own chain with the same draft: its STANDALONE defaults for a separate draft model.
+STANDALONE_CHAIN = {"speculative-num-steps": 3, "speculative-eagle-topk": 1, "speculative-num-draft-tokens": 4}
+_NEEDS_EAGLE3 = ("eagle3", "eagle3-adaptive", "sage-eagle3")
+_SIZE_KEYS = ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens")
+
+
+def parse_serving_methods(text: str) -> list[str]:
+    """``--methods``: known names, ``plain`` first (added if missing: every output is compared with it)."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    for m in names:
+        if m in _NEEDS_EAGLE3:
+            raise ConfigError(f"--methods {m}: needs a trained EAGLE-3 head for the target, which this project does "
+                              "not ship yet (a random head would only prove the plumbing, not speed)")  # fmt: skip
+        if m not in SERVING_METHODS:
+            raise ConfigError(f"--methods: unknown {m!r}; use {', '.join(SERVING_METHODS)}")
+    if len(set(names)) != len(names):
+        raise ConfigError("--methods names must be distinct")
+    return ["plain", *[m for m in names if m != "plain"]]
+
+
+def _spec_flags(config: Path, sizes: dict[str, int]) -> list[str]:
+    """SGLang's STANDALONE with the config's other speculative flags (e.g. the draft attention backend)."""
+    data = yaml.safe_load(config.read_text()) or {}
+    argv = ["--speculative-algorithm", "STANDALONE"]
+    for key, value in data.items():
+        if key.startswith("speculative-") and key != "speculative-algorithm" and key not in _SIZE_KEYS:
+            argv += [f"--{key}", str(value)]
+    for key, value in sizes.items():
+        argv += [f"--{key}", str(value)]
+    return argv
+
+
+def method_args(method: str, config: Path, target: Path, draft: Path, sage_sizes: dict[str, int] | None) -> list[str]:
+    """``sglang.launch_server`` arguments of one ``--methods`` entry (``sage_sizes``: the SAGE server's
+    steps / topk / draft tokens, which ``standalone-tree`` uses so both verify the same tokens per step)."""
+    model = ["--model-path", str(target)]
+    if method == "plain":
+        return [*model, *plain_flags(config)]
+    if method == "sage":
+        return ["--config", str(config), *model, "--speculative-draft-model-path", str(draft)]
+    if method == "standalone-tree" and sage_sizes is None:
+        raise ConfigError("--methods standalone-tree takes SAGE's sizes: list sage before it")
+    sizes = STANDALONE_CHAIN if method == "standalone" else sage_sizes
+    return [*model, *plain_flags(config), "--speculative-draft-model-path", str(draft), *_spec_flags(config, sizes)]
+
+
 def _run_batch(server: Server, requests: list[dict], max_new_tokens: int, side: _Side) -> list[list[int]]:
-    t0 = time.perf_counter()
     params = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
-    out = parallel(lambda r: server.post("/generate", {**r, "sampling_params": params}), requests)
+
+    def one(r: dict) -> tuple[dict, float]:
+        t = time.perf_counter()
+        out = server.post("/generate", {**r, "sampling_params": params})
+        return out, time.perf_counter() - t
+
+    t0 = time.perf_counter()
+    results = parallel(one, requests)
     side.seconds += time.perf_counter() - t0
-    for o in out:
+    for o, latency in results:
         meta = o["meta_info"]
         side.tokens += meta["completion_tokens"]
+        side.latencies.append(latency)
         if meta.get("spec_accept_length") is not None:
             side.accept.append(meta["spec_accept_length"])
         side.sage.extend(meta.get("sage") or [])
-    return [o["output_ids"] for o in out]
+    return [o["output_ids"] for o, _ in results]
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
+def _row(method: str, bs: int, side: _Side, plain: _Side, same: bool, repeats: int) -> dict[str, Any]:
+    mean = lambda key: statistics.fmean(x[key] for x in side.sage) if side.sage else None  # noqa: E731
+    tok_s = side.tokens / side.seconds
+    return {
+        "method": method, "batch_size": bs, "tok_s": tok_s, "speedup": tok_s / (plain.tokens / plain.seconds),
+        "identical": same, "accept_length": statistics.fmean(side.accept) if side.accept else None,
+        "p50_latency_s": _percentile(side.latencies, 0.5), "p99_latency_s": _percentile(side.latencies, 0.99),
+        "mean_alpha": mean("mean_alpha"), "mean_depth": mean("mean_depth"), "mean_width": mean("mean_width"),
+        "requests": repeats * bs,
+    }  # fmt: skip
 
 
 def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str, str], log_dir: Path,
-                      batch_sizes: list[int], max_new_tokens: int, repeats: int,
-                      requests: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
-    """Launch both servers, measure every batch size ``repeats`` times, stop both; returns the report dict.
+                      batch_sizes: list[int], max_new_tokens: int, repeats: int, requests: list[dict[str, Any]],
+                      methods: list[str] = ("plain", "sage")) -> dict[str, Any]:  # fmt: skip
+    """Launch one server per method (all at once), measure every batch size ``repeats`` times, stop them all.
 
-    ``requests`` are ``/generate`` payloads without sampling parameters (:func:`serving_requests`).
+    The same batch goes to every server in turn; the order rotates per repeat so machine noise hits all alike.
+    ``requests`` are ``/generate`` payloads without sampling parameters (:func:`serving_requests`); ``methods``
+    start with ``plain`` (:func:`parse_serving_methods`).  Returns the report dict (``rows``: one per method and
+    batch size).
     """
     log_dir.mkdir(parents=True, exist_ok=True)
-    plain = Server(["--model-path", str(target), *plain_flags(config)], env, log_dir / "plain.log")
-    try:
-        sage = Server(["--config", str(config), "--model-path", str(target), "--speculative-draft-model-path",
-                       str(draft)], env, log_dir / "sage.log")  # fmt: skip
-    except BaseException:
-        plain.stop()
-        raise
+    servers: dict[str, Server] = {}
     rows = []
+    info: dict[str, Any] = {}
     try:
-        for server in (plain, sage):  # warm-up: first requests pay one-off costs
+        for m in methods:
+            sizes = None
+            if "sage" in servers:
+                sinfo = servers["sage"].get("/server_info")
+                sizes = {k: sinfo[k.replace("-", "_")] for k in _SIZE_KEYS}
+            servers[m] = Server(method_args(m, config, target, draft, sizes), env, log_dir / f"{m}.log")
+        for server in servers.values():  # warm-up: first requests pay one-off costs
             parallel(lambda r, s=server: s.post("/generate", {**r, "sampling_params": {"max_new_tokens": 8}}),
                      requests[:2])  # fmt: skip
         for bs in batch_sizes:
-            sides = {"plain": _Side(), "sage": _Side()}
-            same = True
+            sides = {m: _Side() for m in methods}
+            same = dict.fromkeys(methods, True)
             for r in range(repeats):
                 batch = [requests[(r * bs + i) % len(requests)] for i in range(bs)]
-                order = [("plain", plain), ("sage", sage)] if r % 2 == 0 else [("sage", sage), ("plain", plain)]
-                outs = {name: _run_batch(server, batch, max_new_tokens, sides[name]) for name, server in order}
-                same &= outs["plain"] == outs["sage"]
-            p, s = sides["plain"], sides["sage"]
-            p_tps, s_tps = p.tokens / p.seconds, s.tokens / s.seconds
-            rows.append({
-                "batch_size": bs, "plain_tok_s": p_tps, "sage_tok_s": s_tps, "speedup": s_tps / p_tps,
-                "sage_accept_length": statistics.fmean(s.accept) if s.accept else None,
-                "sage_mean_alpha": statistics.fmean(x["mean_alpha"] for x in s.sage) if s.sage else None,
-                "sage_mean_depth": statistics.fmean(x["mean_depth"] for x in s.sage) if s.sage else None,
-                "sage_mean_width": statistics.fmean(x["mean_width"] for x in s.sage) if s.sage else None,
-                "identical_outputs": same, "requests": repeats * bs,
-            })  # fmt: skip
-        info = sage.get("/server_info")
+                order = methods[r % len(methods) :] + methods[: r % len(methods)]
+                outs = {m: _run_batch(servers[m], batch, max_new_tokens, sides[m]) for m in order}
+                for m in methods:
+                    same[m] &= outs[m] == outs["plain"]
+            rows += [_row(m, bs, sides[m], sides["plain"], same[m], repeats) for m in methods]
+        info = {m: servers[m].get("/server_info").get("speculative_algorithm") for m in methods}
     finally:
-        sage.stop()
-        plain.stop()
-    return {"rows": rows, "speculative_algorithm": info.get("speculative_algorithm"),
-            "config": str(config), "target": str(target), "draft": str(draft), "max_new_tokens": max_new_tokens}  # fmt: skip
+        for server in servers.values():
+            server.stop()
+    return {"rows": rows, "algorithms": info, "methods": list(methods), "config": str(config), "target": str(target),
+            "draft": str(draft), "max_new_tokens": max_new_tokens}  # fmt: skip
 
 
 def format_table(report: dict[str, Any]) -> str:
-    """Markdown table of :func:`run_serving_bench`'s report."""
+    """Markdown table of :func:`run_serving_bench`'s report (speed-up: over ``plain`` at the same batch size)."""
     lines = [
-        f"SGLang serving, {report['speculative_algorithm']} vs plain, greedy, {report['max_new_tokens']} new tokens "
-        f"per request (draft: {report['draft']})",
+        f"SGLang serving, greedy, {report['max_new_tokens']} new tokens per request (draft: {report['draft']})",
         "",
-        "| batch | plain tok/s | SAGE tok/s | speed-up | accept length | mean alpha | mean D | mean W | identical |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
+        "| batch | method | tok/s | speed-up | accept length | p50 / p99 latency s | mean alpha | mean D | mean W "
+        "| identical |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
 
     def f(x: float | None, fmt: str = ".2f") -> str:
@@ -244,8 +320,30 @@ def format_table(report: dict[str, Any]) -> str:
 
     for r in report["rows"]:
         lines.append(
-            f"| {r['batch_size']} | {r['plain_tok_s']:.1f} | {r['sage_tok_s']:.1f} | {r['speedup']:.2f}x | "
-            f"{f(r['sage_accept_length'])} | {f(r['sage_mean_alpha'])} | {f(r['sage_mean_depth'])} | "
-            f"{f(r['sage_mean_width'])} | {'yes' if r['identical_outputs'] else 'NO'} |"
+            f"| {r['batch_size']} | {r['method']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | {f(r['accept_length'])} "
+            f"| {r['p50_latency_s']:.2f} / {r['p99_latency_s']:.2f} | {f(r['mean_alpha'])} | {f(r['mean_depth'])} "
+            f"| {f(r['mean_width'])} | {'yes' if r['identical'] else 'NO'} |"
         )
     return "\n".join(lines)
+
+
+def write_serving_plot(report: dict[str, Any], out_dir: Path) -> Path:
+    """``serving_tok_s.png``: tokens/s by batch size, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in report["methods"]:
+        rows = [r for r in report["rows"] if r["method"] == m]
+        ax.plot([r["batch_size"] for r in rows], [r["tok_s"] for r in rows], marker="o", label=m)
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("SGLang serving, same target and draft")
+    ax.legend()
+    path = out_dir / "serving_tok_s.png"
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path

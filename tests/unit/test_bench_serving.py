@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
-from sage_plugin.bench.serving import format_table, plain_flags
+from sage_plugin.bench.serving import (
+    format_table,
+    method_args,
+    parse_serving_methods,
+    plain_flags,
+    write_serving_plot,
+)
+from sage_plugin.config import ConfigError
 
 CPU_CONFIG = Path(__file__).resolve().parents[2] / "engine_configs" / "sglang" / "smollm2_cpu_sage.yaml"
 
@@ -26,19 +34,59 @@ def test_plain_flags_are_the_yaml_without_speculative_keys(tmp_path):
     assert plain_flags(odd) == ["--device", "cpu", "--sleep-on-idle"]
 
 
-def test_format_table():
+def _row(method, bs, tok_s, speedup, accept, sage_means, same):
+    a, d, w = sage_means
+    return {"method": method, "batch_size": bs, "tok_s": tok_s, "speedup": speedup, "identical": same,
+            "accept_length": accept, "p50_latency_s": 4.25, "p99_latency_s": 5.5, "mean_alpha": a, "mean_depth": d,
+            "mean_width": w, "requests": 3 * bs}  # fmt: skip
+
+
+def test_format_table_and_plot(tmp_path):
     report = {
-        "speculative_algorithm": "SAGE", "max_new_tokens": 64, "draft": "d",
-        "rows": [{"batch_size": 1, "plain_tok_s": 14.8, "sage_tok_s": 7.7, "speedup": 0.52, "sage_accept_length": 1.8,
-                  "sage_mean_alpha": 0.41, "sage_mean_depth": 2.6, "sage_mean_width": 2.8, "identical_outputs": True},
-                 {"batch_size": 8, "plain_tok_s": 52.4, "sage_tok_s": 28.4, "speedup": 0.54, "sage_accept_length": None,
-                  "sage_mean_alpha": None, "sage_mean_depth": None, "sage_mean_width": None,
-                  "identical_outputs": False}],
+        "max_new_tokens": 64, "draft": "d", "methods": ["plain", "sage"],
+        "rows": [_row("plain", 1, 14.8, 1.0, None, (None, None, None), True),
+                 _row("sage", 1, 7.7, 0.52, 1.8, (0.41, 2.6, 2.8), True),
+                 _row("plain", 8, 52.4, 1.0, None, (None, None, None), True),
+                 _row("sage", 8, 28.4, 0.54, None, (None, None, None), False)],
     }  # fmt: skip
     table = format_table(report).splitlines()
-    assert table[0].startswith("SGLang serving, SAGE vs plain, greedy, 64 new tokens")
-    assert table[4] == "| 1 | 14.8 | 7.7 | 0.52x | 1.80 | 0.41 | 2.60 | 2.80 | yes |"
-    assert table[5] == "| 8 | 52.4 | 28.4 | 0.54x | - | - | - | - | NO |"
+    assert table[0].startswith("SGLang serving, greedy, 64 new tokens per request")
+    assert table[4] == "| 1 | plain | 14.8 | 1.00x | - | 4.25 / 5.50 | - | - | - | yes |"
+    assert table[5] == "| 1 | sage | 7.7 | 0.52x | 1.80 | 4.25 / 5.50 | 0.41 | 2.60 | 2.80 | yes |"
+    assert table[7] == "| 8 | sage | 28.4 | 0.54x | - | 4.25 / 5.50 | - | - | - | NO |"
+    path = write_serving_plot(report, tmp_path)
+    assert path.name == "serving_tok_s.png" and path.stat().st_size > 1000
+
+
+def test_methods_are_checked_before_any_server_starts():
+    assert parse_serving_methods("sage,standalone") == ["plain", "sage", "standalone"]
+    assert parse_serving_methods("standalone,plain") == ["plain", "standalone"]
+    with pytest.raises(ConfigError, match="unknown 'eagle'"):
+        parse_serving_methods("plain,eagle")
+    with pytest.raises(ConfigError, match="eagle3-adaptive: needs a trained EAGLE-3 head"):
+        parse_serving_methods("sage,eagle3-adaptive")
+    with pytest.raises(ConfigError, match="distinct"):
+        parse_serving_methods("sage,sage")
+
+
+def test_method_args_launch_sglangs_own_modes_with_the_same_draft():
+    t, d = Path("/t"), Path("/d")
+    assert method_args("plain", CPU_CONFIG, t, d, None) == ["--model-path", "/t", *plain_flags(CPU_CONFIG)]
+    assert method_args("sage", CPU_CONFIG, t, d, None)[:2] == ["--config", str(CPU_CONFIG)]
+    chain = method_args("standalone", CPU_CONFIG, t, d, None)
+    flags = dict(zip(chain, chain[1:]))
+    assert flags["--speculative-algorithm"] == "STANDALONE" and flags["--speculative-draft-model-path"] == "/d"
+    assert (flags["--speculative-num-steps"], flags["--speculative-eagle-topk"],
+            flags["--speculative-num-draft-tokens"]) == ("3", "1", "4")  # fmt: skip
+    assert flags["--speculative-draft-attention-backend"] == "intel_amx"  # the config's other speculative flags
+    assert not any(a.startswith("--sage") for a in chain)
+    sizes = {"speculative-num-steps": 6, "speculative-eagle-topk": 4, "speculative-num-draft-tokens": 12}
+    tree = method_args("standalone-tree", CPU_CONFIG, t, d, sizes)
+    flags = dict(zip(tree, tree[1:]))
+    assert (flags["--speculative-num-steps"], flags["--speculative-eagle-topk"],
+            flags["--speculative-num-draft-tokens"]) == ("6", "4", "12")  # fmt: skip
+    with pytest.raises(ConfigError, match="list sage before it"):
+        method_args("standalone-tree", CPU_CONFIG, t, d, None)
 
 
 def test_serving_requests_render_text_and_image_prompts(tmp_path):
