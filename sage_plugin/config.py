@@ -109,6 +109,7 @@ class SageConfig:
     w_min: int = 2
     w_max: int = 10
     n_max: int = 64  # node cap (draft nodes, root excluded)
+    rerank_nodes: int = 0  # 0: the tree the levels keep (the paper's); N: its N best nodes by path value
     node_budget: str = "auto"  # auto: also the cost-optimal cut under the measured verify cost; fixed: n_max only
     pad_forwards: bool = True  # auto budget: run forwards at the cheapest measured size >= theirs, priced so
     # calibrated path values (core/calibration.py): rows = parent-alpha bins, columns = draft-probability bins,
@@ -161,12 +162,15 @@ class SageConfig:
         _int_in("w_min", self.w_min, 1, self.k, " (w_min <= k)")
         _int_in("w_max", self.w_max, self.w_min, self.k, " (w_min <= w_max <= k)")
         _int_in("n_max", self.n_max, 1, 1024)
+        _int_in("rerank_nodes", self.rerank_nodes, 0, 1024)
         _choice("node_budget", self.node_budget, ("auto", "fixed"))
         _float_in("theta0", self.theta0, 0.0, 1.0)
         _float_in("alpha_init", self.alpha_init, 0.0, 1.0)
         _bool("first_round_static", self.first_round_static)
         _bool("pad_forwards", self.pad_forwards)
         _validate_calibration(self.calibration)
+        if self.rerank_nodes and self.topology == "planned":
+            raise ConfigError("rerank_nodes works with topology online (the planned replay keeps its planned tree)")
         if self.calibration and self.topology == "planned":
             raise ConfigError("calibration works with topology online (the planned replay ranks by draft probability)")
         _bool("use_history", self.use_history)

@@ -11,6 +11,8 @@ method          configuration at budget N
 ``sage-paper``  SAGE verifying every node it builds, ``n_max = N`` (``node_budget: fixed``)
 ``sage-paper-   the same with a calibration table fitted for the draft before the run (``sage-calibrated``)
 calibrated``
+``sage-rerank``  SAGE's shaped tree built up to ``n_max = max(N, 64)`` nodes, then its N best by path value
+                (``rerank_nodes = N``: EAGLE-2's rerank inside SAGE's shape)
 ``sage``        SAGE sized to this device (``node_budget: auto``), ``n_max = N``
 ``oracle``      the bound: the longest run of the target's own tokens the draft's top-k candidates contained,
                 at most N deep (a chain of target-matching candidates is the best tree any selection can verify)
@@ -36,7 +38,7 @@ from .tune import static_cut
 
 __all__ = ["SWEEP_METHODS", "oracle_tau", "sweep_methods", "sweep_summary", "sweep_table", "write_sweep_plot"]
 
-SWEEP_METHODS = ("eagle2", "topn", "static", "sage-paper", "sage-paper-calibrated", "sage", "oracle")
+SWEEP_METHODS = ("eagle2", "topn", "static", "sage-paper", "sage-paper-calibrated", "sage-rerank", "sage", "oracle")
 
 
 def sweep_methods(base: SageConfig, sizes: list[int]) -> list[MethodSpec]:
@@ -49,6 +51,7 @@ def sweep_methods(base: SageConfig, sizes: list[int]) -> list[MethodSpec]:
             "topn": dict(policy="topn", topn_nodes=n),
             "static": dict(policy="static", static_tree=[list(p) for p in static_cut(base, n)]),
             "sage-paper": dict(sage, node_budget="fixed"),
+            "sage-rerank": dict(sage, n_max=max(n, 64), rerank_nodes=n, node_budget="fixed"),
             "sage": dict(sage, node_budget="auto"),
         }
         out += [MethodSpec(f"{name}@{n}", base.replace(**cfg)) for name, cfg in configs.items()]

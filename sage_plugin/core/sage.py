@@ -21,7 +21,7 @@ import torch
 from .baselines import StaticPolicy
 from .calibration import calibration_log_table
 from .controller import observe_history
-from .cost import cost_cut
+from .cost import best_nodes, cost_cut
 from .entropy import topk_confidence
 from .expand import Candidates, DraftPool, Frontier, append, finalize, propose
 from .planned import code_depth, plan_next_tree, planned_selection
@@ -65,8 +65,14 @@ class SagePolicy(FixedShapePolicy):
         return max(deepest, static)
 
     @classmethod
-    def max_nodes_for(cls, cfg: SageConfig) -> int:
+    def pool_nodes_for(cls, cfg: SageConfig) -> int:
+        """Draft nodes a round can build (root excluded): ``n_max``, or the static first tree if larger."""
         return max(cfg.n_max, StaticPolicy.max_nodes_for(cfg) if cfg.first_round_static else 0)
+
+    @classmethod
+    def max_nodes_for(cls, cfg: SageConfig) -> int:
+        built = cls.pool_nodes_for(cfg)
+        return min(built, cfg.rerank_nodes) if cfg.rerank_nodes else built
 
     @classmethod
     def uses_static_tree(cls, cfg: SageConfig) -> bool:
@@ -75,8 +81,8 @@ class SagePolicy(FixedShapePolicy):
     def __init__(self, cfg: SageConfig) -> None:
         super().__init__(cfg)
         self.static = StaticPolicy(cfg) if cfg.first_round_static else None
-        self.pool_capacity = self.tree_capacity
-        self.frontier_capacity = self.tree_capacity - 1
+        self.pool_capacity = self.pool_nodes_for(cfg) + 1
+        self.frontier_capacity = self.pool_capacity - 1
         self.wants_cost = cfg.node_budget == "auto"
         self.pad_forwards = self.wants_cost and cfg.pad_forwards
         self._calibration = calibration_log_table(cfg.calibration, "cpu") if cfg.calibration else None
@@ -116,10 +122,14 @@ class SagePolicy(FixedShapePolicy):
         return append(pool, c, keep, expand, order, self.frontier_capacity)
 
     def finalize(self, plan: RoundPlan, pool: DraftPool, round_ms: torch.Tensor | None = None) -> DraftTree:
-        """All pool nodes; with ``node_budget="auto"`` and a measured ``round_ms``, the cost-optimal best-first cut."""
+        """All pool nodes, or the ``rerank_nodes`` best by path value; with ``node_budget="auto"`` and a measured
+        ``round_ms``, the cost-optimal best-first cut (at most ``rerank_nodes`` where set)."""
         if round_ms is None or not self.wants_cost:
-            return super().finalize(plan, pool)
-        keep = cost_cut(pool, round_ms)
+            if not self.cfg.rerank_nodes:
+                return super().finalize(plan, pool)
+            keep = best_nodes(pool, torch.full_like(pool.count, self.cfg.rerank_nodes))
+        else:
+            keep = cost_cut(pool, self._rerank_cap(round_ms))
         selected = torch.cat([torch.ones_like(keep[:, :1]), keep, torch.zeros_like(keep[:, :1])], 1)
         return finalize(pool, selected, self.max_depth, self.tree_capacity)
 
@@ -131,7 +141,14 @@ class SagePolicy(FixedShapePolicy):
         """
         if not self.wants_cost:
             return super().keep_drafting(pool, level, round_ms)
-        return (cost_cut(pool, round_ms) & (pool.depths[:, 1:-1] == level)).any()
+        return (cost_cut(pool, self._rerank_cap(round_ms)) & (pool.depths[:, 1:-1] == level)).any()
+
+    def _rerank_cap(self, round_ms: torch.Tensor) -> torch.Tensor:
+        """``round_ms`` priced at infinity past ``rerank_nodes`` nodes (where set): the cut keeps at most that many."""
+        n = self.cfg.rerank_nodes
+        if not n or n + 1 >= round_ms.shape[0]:
+            return round_ms
+        return torch.cat([round_ms[: n + 1], torch.full_like(round_ms[n + 1 :], float("inf"))])
 
     def observe(self, state, plan, tree, accepted_nodes, num_accepted, pool=None) -> PolicyState:
         cfg = self.cfg

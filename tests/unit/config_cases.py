@@ -18,6 +18,7 @@ OTHER_VALUES: dict[str, list] = {
     "alpha_init": [0.3],
     "first_round_static": [False],
     "pad_forwards": [False],
+    "rerank_nodes": [8],
     "calibration": [((0.2, 0.6), (0.4, 0.9))],
     "use_history": [False],
     "history_window": [5],

@@ -324,6 +324,8 @@ SAGE_VARIANTS = {
     "no_clamp_topk_joint": dict(clamp_level_width=False, prob_space="topk", parent_prob="joint"),
     "no_entropy_bonus_tau": dict(use_entropy=False, history_tau="drafts_plus_bonus", history_cooldown="none"),
     # calibrated path values: a table that reorders nodes (flat rows, a low-alpha row that trusts nothing)
+    "rerank": dict(rerank_nodes=5),
+    "rerank_calibrated": dict(rerank_nodes=3, calibration=((0.1, 0.5, 0.9),)),
     "calibrated": dict(calibration=((0.05, 0.3, 0.3, 0.6, 0.9), (0.2, 0.2, 0.5, 0.8, 1.0))),
     "calibrated_joint": dict(calibration=((0.1, 0.4, 0.7, 0.7, 0.95),), threshold_on="joint", parent_prob="joint"),
 }
@@ -339,7 +341,7 @@ SAGE_VARIANTS = {
 )
 def test_sage_matches_reference(variant, seed, k, n_max, theta0):
     cfg = SageConfig(**SAGE_BASE, **SAGE_VARIANTS[variant], k=k, w_min=min(2, k), w_max=k, n_max=n_max, theta0=theta0)
-    check_policy(cfg, seed, single=variant in ("default", "budget_parent_order", "calibrated"))
+    check_policy(cfg, seed, single=variant in ("default", "budget_parent_order", "calibrated", "rerank"))
 
 
 def test_sage_d_max_moves_and_first_round_is_static():

@@ -5,7 +5,8 @@ top-k children; the policy keeps some (inserted into the tree in decreasing prio
 frontier, in insertion order).  Only the "online" topology is modelled (``cfg.topology`` is not read).
 
 * **sage** (non-static rounds): :func:`~.rules.sage_level_ref`, kept nodes expanded while ``l < D``; the first
-  round uses ``cfg.static_tree`` when ``cfg.first_round_static``;
+  round uses ``cfg.static_tree`` when ``cfg.first_round_static``; with ``rerank_nodes`` N, finally the N best
+  nodes by joint (as eagle2's rerank);
 * **static**: :func:`~.rules.static_level_ref`, expanding a node iff its rank path is a proper prefix of one;
 * **chain**: keep rank 0, expand while ``l < chain_depth``;
 * **eagle2**: keep every candidate; expand the k best by joint among the level's candidates while
@@ -293,7 +294,7 @@ def build_tree_ref(
             nodes.append(node)
             if grow:
                 frontier.append(len(nodes) - 1)
-    total = {"eagle2": cfg.eagle_total_tokens, "topn": cfg.topn_nodes}.get(cfg.policy)
+    total = {"eagle2": cfg.eagle_total_tokens, "topn": cfg.topn_nodes, "sage": cfg.rerank_nodes or None}.get(cfg.policy)
     if total is not None and len(nodes) - 1 > total:
         nodes = _rerank(nodes, total, m)
     return RefTree(nodes, depth, width, alpha, root_alpha, static_first, m.value, m.where)

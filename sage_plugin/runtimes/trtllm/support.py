@@ -68,6 +68,7 @@ TRTLLM_SUPPORT = RuntimeSupport(
         "topology": "a chain has no topology to plan",
         "pad_forwards": _NO_PAD,
         "calibration": "a chain has no nodes to rank",
+        "rerank_nodes": "a chain has no nodes to rank",
         "static_tree": "a chain has no static first tree",
         **_BASELINES,
     },
@@ -106,6 +107,7 @@ TRTLLM_TREE_SUPPORT = RuntimeSupport(
         "static_tree": "the first-round static tree is not applied (first_round_static)",
         "pad_forwards": _NO_PAD,
         "calibration": "the worker ranks candidates by its own draft scores",
+        "rerank_nodes": "the worker resamples max_total_draft_tokens nodes by its own scores",
         **_BASELINES,
     },
 )
