@@ -100,10 +100,13 @@ def test_bench_quick_shape(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| sage |" in table and "speed-up vs ar" in table
     # sage (node_budget=auto) measured the round cost once, outside decode time; sage-paper did not need it
-    (costs,) = doc["config"]["round_costs"].values()
+    ((key, costs),) = doc["config"]["round_costs"].items()
+    assert key == "batch 1, 64 nodes, padded"  # pad_forwards is on by default
     assert len(costs["verify_ms"]) == 65 and costs["draft_ms"] > 0
+    assert len(costs["verify_run"]) == 65 and all(r >= q for q, r in enumerate(costs["verify_run"]))
+    assert all(a <= b for a, b in zip(costs["verify_ms"], costs["verify_ms"][1:]))
     assert doc["methods"]["sage"]["profile_s"] > 0 and doc["methods"]["sage-paper"]["profile_s"] == 0
-    assert "node_budget=auto, batch 1: target forward ms by verified tokens" in table
+    assert "node_budget=auto, padded, batch 1: target forward ms by verified tokens" in table
 
 
 @pytest.mark.slow
