@@ -18,7 +18,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .expand import NEG_INF, Candidates, DraftPool, Frontier, append, budget_top_n, finalize, propose
+from .expand import (
+    NEG_INF,
+    Candidates,
+    DraftPool,
+    Frontier,
+    append,
+    best_nodes,
+    budget_top_n,
+    finalize_nodes,
+    propose,
+)
 from .policy import FixedShapePolicy, RoundPlan
 from .tree import DraftTree, codes_of_choices, tree_from_choices
 
@@ -95,11 +105,7 @@ class StaticPolicy(FixedShapePolicy):
 def rerank(pool: DraftPool, total: int, max_depth: int) -> DraftTree:
     """The ``total`` most probable pool nodes (and the root), a tree because path probability never increases along a
     path; ties to the earlier (parent-first) node."""
-    filled = torch.arange(pool.capacity + 1, device=pool.count.device) < pool.count[:, None]
-    score = torch.where(filled, pool.joint, NEG_INF)
-    score[:, 0] = float("inf")  # the root always stays
-    selected = budget_top_n(filled, score, torch.full_like(pool.count, total + 1))
-    return finalize(pool, selected, max_depth, total + 1)
+    return finalize_nodes(pool, best_nodes(pool, torch.full_like(pool.count, total)), max_depth, total + 1)
 
 
 class Eagle2Policy(FixedShapePolicy):

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .expand import NEG_INF, DraftPool, budget_top_n
+from .expand import DraftPool, budget_top_n, node_values
 
-__all__ = ["RoundCost", "best_count", "best_nodes", "cheapest_at_least", "cost_cut", "expected_yield"]
+__all__ = ["RoundCost", "best_count", "cheapest_at_least", "cost_cut", "expected_yield"]
 
 
 def cheapest_at_least(ms: Sequence[float]) -> tuple[list[float], list[int]]:
@@ -165,18 +165,9 @@ def best_count(node_logp: torch.Tensor, round_ms: torch.Tensor) -> torch.Tensor:
     return torch.argmax(rate)  # first maximum: the smaller tree on ties
 
 
-def best_nodes(pool: DraftPool, n: torch.Tensor) -> torch.Tensor:
-    """``[B, P-1]`` bool over the pool's draft nodes (root and trash column dropped): each request's ``n [B]`` most
-    valuable nodes by path value (ties: the earlier node), an ancestor-closed set."""
-    filled = torch.arange(1, pool.capacity, device=pool.count.device) < pool.count[:, None]
-    node_logp = torch.where(filled, pool.joint[:, 1:-1], NEG_INF)
-    return budget_top_n(filled, node_logp, n)
-
-
 def cost_cut(pool: DraftPool, round_ms: torch.Tensor) -> torch.Tensor:
     """``[B, P-1]`` bool over the pool's draft nodes (root and trash column dropped): the cost-optimal cut, i.e.
     each request's ``q*`` most probable nodes (:func:`best_count`; one ``q*`` for the batch)."""
-    filled = torch.arange(1, pool.capacity, device=pool.count.device) < pool.count[:, None]
-    node_logp = torch.where(filled, pool.joint[:, 1:-1], NEG_INF)
+    filled, node_logp = node_values(pool)
     q = best_count(node_logp, round_ms)
-    return best_nodes(pool, q.expand(pool.count.shape[0]))
+    return budget_top_n(filled, node_logp, q.expand(pool.count.shape[0]))

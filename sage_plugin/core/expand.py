@@ -26,7 +26,10 @@ from .calibration import calibrated_logp
 from .entropy import topk_confidence
 from .tree import DraftTree, path_code
 
-__all__ = ["DraftPool", "Candidates", "Frontier", "new_pool", "propose", "append", "budget_top_n", "finalize"]
+__all__ = [
+    "DraftPool", "Candidates", "Frontier", "new_pool", "propose", "append", "budget_top_n", "best_nodes", "finalize",
+    "finalize_nodes", "node_values",
+]  # fmt: skip
 
 NEG_INF = float("-inf")
 
@@ -213,6 +216,19 @@ def budget_top_n(eligible: torch.Tensor, score: torch.Tensor, n: torch.Tensor) -
     return eligible & (place < n[:, None])
 
 
+def node_values(pool: DraftPool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(filled, value)``, each ``[B, P-1]`` over the pool's draft nodes (root and trash column dropped): which slots
+    hold a node, and its path value ``joint`` (-inf where empty)."""
+    filled = torch.arange(1, pool.capacity, device=pool.count.device) < pool.count[:, None]
+    return filled, torch.where(filled, pool.joint[:, 1:-1], NEG_INF)
+
+
+def best_nodes(pool: DraftPool, n: torch.Tensor) -> torch.Tensor:
+    """``[B, P-1]`` bool over the pool's draft nodes: each request's ``n [B]`` most valuable nodes by path value
+    (ties: the earlier node), an ancestor-closed set."""
+    return budget_top_n(*node_values(pool), n)
+
+
 def append(
     pool: DraftPool, cands: Candidates, keep: torch.Tensor, expand: torch.Tensor, order: torch.Tensor, frontier_cap: int
 ) -> Frontier:
@@ -259,6 +275,12 @@ def append(
     if idx.shape[1] < frontier_cap:
         idx = torch.cat([idx, idx.new_full((bsz, frontier_cap - idx.shape[1]), -1)], 1)
     return Frontier(idx)
+
+
+def finalize_nodes(pool: DraftPool, keep: torch.Tensor, max_depth: int, width: int) -> DraftTree:
+    """:func:`finalize` of the root plus the draft nodes ``keep [B, P-1]`` (as :func:`best_nodes` returns)."""
+    selected = torch.cat([torch.ones_like(keep[:, :1]), keep, torch.zeros_like(keep[:, :1])], 1)
+    return finalize(pool, selected, max_depth, width)
 
 
 def finalize(pool: DraftPool, selected: torch.Tensor, max_depth: int, width: int) -> DraftTree:

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .baselines import StaticPolicy
+from .baselines import StaticPolicy, rerank
 from .calibration import calibration_log_table
 from .controller import observe_history
-from .cost import best_nodes, cost_cut
+from .cost import cost_cut
 from .entropy import topk_confidence
-from .expand import Candidates, DraftPool, Frontier, append, finalize, propose
+from .expand import Candidates, DraftPool, Frontier, append, finalize_nodes, propose
 from .planned import code_depth, plan_next_tree, planned_selection
 from .policy import FixedShapePolicy, PolicyState, RoundPlan
 from .shape import LevelProbs, budget_key, choose_alpha, in_prob_space, level_keep, plan_shape
@@ -127,11 +127,8 @@ class SagePolicy(FixedShapePolicy):
         if round_ms is None or not self.wants_cost:
             if not self.cfg.rerank_nodes:
                 return super().finalize(plan, pool)
-            keep = best_nodes(pool, torch.full_like(pool.count, self.cfg.rerank_nodes))
-        else:
-            keep = cost_cut(pool, self._rerank_cap(round_ms))
-        selected = torch.cat([torch.ones_like(keep[:, :1]), keep, torch.zeros_like(keep[:, :1])], 1)
-        return finalize(pool, selected, self.max_depth, self.tree_capacity)
+            return rerank(pool, self.tree_capacity - 1, self.max_depth)  # the pool holds no more than that
+        return finalize_nodes(pool, cost_cut(pool, self._rerank_cap(round_ms)), self.max_depth, self.tree_capacity)
 
     def keep_drafting(self, pool: DraftPool, level: int, round_ms: torch.Tensor) -> torch.Tensor:
         """0-dim bool: does the cost-optimal cut of the pool so far use a node of ``level``?
