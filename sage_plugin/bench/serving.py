@@ -135,17 +135,23 @@ def parallel(fn: Callable[[Any], Any], items: list) -> list:
     return out
 
 
-def plain_flags(config: Path) -> list[str]:
-    """The non-speculative flags of an SGLang ``--config`` YAML, as command-line arguments."""
+def _yaml_flags(config: Path, keep: Callable[[str], bool]) -> list[str]:
+    """The keys of an SGLang ``--config`` YAML that ``keep`` accepts, as command-line arguments (``true``: a bare
+    flag; ``false`` and empty values: left out)."""
     data = yaml.safe_load(config.read_text()) or {}
     argv: list[str] = []
     for key, value in data.items():
-        if key.startswith(SPEC_KEY_PREFIXES) or value is None or value is False:
+        if not keep(key) or value is None or value is False:
             continue
         argv.append(f"--{key}")
         if value is not True:
             argv.append(str(value))
     return argv
+
+
+def plain_flags(config: Path) -> list[str]:
+    """The non-speculative flags of an SGLang ``--config`` YAML, as command-line arguments."""
+    return _yaml_flags(config, lambda key: not key.startswith(SPEC_KEY_PREFIXES))
 
 
 def serving_requests(prompts: list[Prompt], target: Path) -> list[dict[str, Any]]:
@@ -201,11 +207,9 @@ def parse_serving_methods(text: str) -> list[str]:
 
 def _spec_flags(config: Path, sizes: dict[str, int]) -> list[str]:
     """SGLang's STANDALONE with the config's other speculative flags (e.g. the draft attention backend)."""
-    data = yaml.safe_load(config.read_text()) or {}
+    own = ("speculative-algorithm", *_SIZE_KEYS)
     argv = ["--speculative-algorithm", "STANDALONE"]
-    for key, value in data.items():
-        if key.startswith("speculative-") and key != "speculative-algorithm" and key not in _SIZE_KEYS:
-            argv += [f"--{key}", str(value)]
+    argv += _yaml_flags(config, lambda key: key.startswith("speculative-") and key not in own)
     for key, value in sizes.items():
         argv += [f"--{key}", str(value)]
     return argv
