@@ -85,3 +85,12 @@ def launch_env() -> dict[str, str]:
     if not torch.cuda.is_available() and os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
         pytest.skip("no CUDA and SGLANG_USE_CPU_ENGINE is not 1: run tools/setup.sh --sglang (it unpacks libcuda)")
     return _clean_env()
+
+
+@pytest.fixture(scope="module")
+def kv_start(servers):
+    """Free KV tokens of the module's SAGE server (its ``servers`` fixture: ``(plain, sage)``) before the load, with
+    the radix cache flushed (the warm-up request left its prefix there)."""
+    _, sage = servers
+    sage.post("/flush_cache", {})
+    return sage.get("/server_info")["internal_states"][0]["sage"]["kv_available_tokens"]

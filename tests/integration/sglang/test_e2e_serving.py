@@ -61,14 +61,6 @@ def servers(target_dir, launch_env, tmp_path_factory):
     plain.stop()
 
 
-@pytest.fixture(scope="module")
-def kv_start(servers):
-    """Free KV tokens before the load, with the radix cache flushed (the warm-up request left its prefix there)."""
-    _, sage = servers
-    sage.post("/flush_cache", {})
-    return sage.get("/server_info")["internal_states"][0]["sage"]["kv_available_tokens"]
-
-
 def test_greedy_outputs_equal_plain_serving_on_20_prompts(servers, kv_start):
     plain, sage = servers
     prompts = _prompts(20)

@@ -58,13 +58,6 @@ def servers(launch_env, target_dir, tmp_path_factory):
     plain.stop()
 
 
-@pytest.fixture(scope="module")
-def kv_start(servers):
-    _, sage = servers
-    sage.post("/flush_cache", {})
-    return sage.get("/server_info")["internal_states"][0]["sage"]["kv_available_tokens"]
-
-
 def chat(server: Server, messages: list[dict], max_tokens: int = NEW_TOKENS) -> dict:
     payload = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
     return server.post("/v1/chat/completions", payload)
