@@ -49,6 +49,10 @@ published shapes.  With ``auto``, ``pad_forwards`` (default on) runs each verify
 measured size at or above its own (masked padding rows), and prices each size by that: on a CPU whose BLAS is slow at
 2-3 rows a 3-token verify costs more than an 8-token one (``docs/algorithm.md``, "sizing trees to the device").
 
+Serving tiers: ``tiers`` lists the ``[steps, draft_tokens]`` shapes a graph-capturing runtime (SGLang) prepares at
+start-up, ``[0, 1]`` meaning speculation off; each step runs the one with the most expected tokens per second under
+the step costs measured on the device (:mod:`sage_plugin.core.tiers`), and SAGE shapes each request's tree inside it.
+
 Not every runtime honours every field: :mod:`sage_plugin.support` holds each runtime's declared table, and a
 runtime refuses a value it does not honour at launch (``docs/runtime-support.md``).
 """
@@ -115,6 +119,10 @@ class SageConfig:
     # calibrated path values (core/calibration.py): rows = parent-alpha bins, columns = draft-probability bins,
     # acceptance rates in (0, 1] (`sage calibrate` fits one); empty: the draft's own probabilities
     calibration: tuple[tuple[float, ...], ...] = ()
+    # serving tiers (core/tiers.py): [steps, draft_tokens] shapes captured at start-up, one chosen per step by
+    # measured tokens per second; [0, 1] is speculation off.  Empty: one shape (the largest SAGE can plan)
+    tiers: tuple[tuple[int, ...], ...] = ()
+    tier_probe_every: int = 16  # steps between re-measurements of a tier not chosen (0: never)
     theta0: float = 0.1  # theta_l = theta0 * l / D
     alpha_init: float = 0.5
     first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)
@@ -169,6 +177,8 @@ class SageConfig:
         _bool("first_round_static", self.first_round_static)
         _bool("pad_forwards", self.pad_forwards)
         _validate_calibration(self.calibration)
+        _validate_tiers(self.tiers)
+        _int_in("tier_probe_every", self.tier_probe_every, 0, 1_000_000)
         if self.rerank_nodes and self.topology == "planned":
             raise ConfigError("rerank_nodes works with topology online (the planned replay keeps its planned tree)")
         if self.calibration and self.topology == "planned":
@@ -223,6 +233,7 @@ class SageConfig:
         out = dataclasses.asdict(self)
         out["static_tree"] = [list(p) for p in self.static_tree]
         out["calibration"] = [list(r) for r in self.calibration]
+        out["tiers"] = [list(t) for t in self.tiers]
         return out
 
     def replace(self, **changes: Any) -> "SageConfig":
@@ -282,6 +293,11 @@ def from_mapping(values: Mapping[str, Any]) -> SageConfig:
         if not isinstance(table, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in table):
             raise ConfigError(f"calibration must be a list of rows of acceptance rates, got {table!r}")
         kwargs["calibration"] = tuple(tuple(r) for r in table)
+    if "tiers" in kwargs:
+        tiers = kwargs["tiers"]
+        if not isinstance(tiers, (list, tuple)) or not all(isinstance(t, (list, tuple)) for t in tiers):
+            raise ConfigError(f"tiers must be a list of [steps, draft_tokens] pairs, got {tiers!r}")
+        kwargs["tiers"] = tuple(tuple(t) for t in tiers)
     return SageConfig(**kwargs)
 
 
@@ -298,6 +314,23 @@ def _validate_calibration(table: Any) -> None:
         for v in r:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
                 raise ConfigError(f"calibration values must be numbers in (0, 1], got {v!r}")
+
+
+def _validate_tiers(tiers: Any) -> None:
+    """Empty, or 1-16 distinct ``[steps, draft_tokens]`` pairs: ``[0, 1]`` (off) or steps 1-64 with 2-1025 tokens."""
+    if tiers == ():
+        return
+    if not isinstance(tiers, tuple) or not all(isinstance(t, tuple) for t in tiers) or not 1 <= len(tiers) <= 16:
+        raise ConfigError(f"tiers must be a list of 1-16 [steps, draft_tokens] pairs, got {tiers!r}")
+    for t in tiers:
+        ints = len(t) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in t)
+        if not ints or not (t == (0, 1) or (1 <= t[0] <= 64 and 2 <= t[1] <= 1025)):
+            raise ConfigError(
+                "tiers: every tier must be [steps, draft_tokens] with steps in [1, 64] and draft_tokens in "
+                f"[2, 1025] (the root counts), or [0, 1] for speculation off; got {list(t)!r}"
+            )
+    if len(set(tiers)) != len(tiers):
+        raise ConfigError(f"tiers must be distinct, got {[list(t) for t in tiers]!r}")
 
 
 def _validate_tree_choices(name: str, paths: Any, k: int) -> None:

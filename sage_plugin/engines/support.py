@@ -15,7 +15,12 @@ _NOTES = {
     "prune_ratio_image": "with a VLM draft (sage bench --draft-vlm); a text draft sees no visual tokens",
     "node_budget": "auto: the round cost is measured once per batch size on this device",
 }
-_NOT_READ = {"prune_ratio_video": "no video inputs in the reference engine"}
+_NO_TIERS = "one process, no captured graphs: node_budget auto sizes every round to the measured cost instead"
+_NOT_READ = {
+    "prune_ratio_video": "no video inputs in the reference engine",
+    "tiers": _NO_TIERS,
+    "tier_probe_every": _NO_TIERS,
+}
 
 REFERENCE_SUPPORT = RuntimeSupport(
     runtime="reference engine",

@@ -20,6 +20,8 @@ OTHER_VALUES: dict[str, list] = {
     "pad_forwards": [False],
     "rerank_nodes": [8],
     "calibration": [((0.2, 0.6), (0.4, 0.9))],
+    "tiers": [((0, 1), (2, 5)), ((3, 8),)],
+    "tier_probe_every": [4, 0],
     "use_history": [False],
     "history_window": [5],
     "history_lo": [1.5],

@@ -26,6 +26,8 @@ BAD_VALUES: dict[str, list] = {
     "pad_forwards": [0, "no", None],
     "rerank_nodes": [-1, 2000, 1.5, "4"],
     "calibration": [[[0.5, 0.0]], [[1.5]], [[0.5], [0.5, 0.6]], [0.5]],
+    "tiers": [[[0, 2]], [[1, 1]], [[3, 5], [3, 5]], [[2, 4, 6]], [3, 5], "3:5"],
+    "tier_probe_every": [-1, 1.5, "16", None],
     "use_history": [0, "true"],
     "history_window": [0, 10_001, 2.5],
     "history_lo": [-1.0, math.nan, 1e7],

@@ -44,8 +44,9 @@ from typing import TYPE_CHECKING, Any
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from sage_plugin.config import ConfigError, SageConfig
+from sage_plugin.core.tiers import parse_tiers
 
-from .args import flag_name, sage_config_of, spec_sizes
+from .args import SpecSizes, flag_name, sage_config_of, spec_sizes
 from .support import SGLANG_SUPPORT
 
 if TYPE_CHECKING:
@@ -204,6 +205,23 @@ class SageSpecAlgo(CustomSpecAlgo):
 
         return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
 
+    def resolve_max_speculative_num_draft_tokens(self, server_args: Any) -> int | None:
+        """The KV slots one request may take per decode step under any tier (SGLang reserves this bound).
+
+        SGLang sizes each decode step's KV reservation from the live step count and this bound, before the worker
+        picks the step's tier: with tiers the bound is the largest ``max(steps * topk, draft_tokens)`` over them,
+        so a deeper tier never runs on a reservation made for a shallower one.
+        """
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        view = resolving_view(server_args)
+        n = view.speculative_num_draft_tokens
+        cfg = sage_config_of(server_args)
+        if n is None or not cfg.tiers:
+            return n
+        sizes = SpecSizes(view.speculative_eagle_topk, view.speculative_num_steps, n, parse_tiers(cfg.tiers))
+        return max(n, sizes.max_alloc_per_decode)
+
     def handle_server_args(self, server_args: Any) -> None:
         """Derive SGLang's draft sizes from the SageConfig; disable overlap and mixed chunks.
 
@@ -213,6 +231,7 @@ class SageSpecAlgo(CustomSpecAlgo):
         * ``speculative_eagle_topk / num_steps / num_draft_tokens``: explicit SGLang flags win, unset ones
           come from :func:`.args.spec_sizes` (topk = k capped at 10, steps = the deepest tree level,
           draft tokens = the node budget + 1);
+        * with ``--sage-tiers``: steps and draft tokens are the largest tier's (the worker builds the others);
         * ``max_running_requests`` defaults to 48, as for EAGLE/STANDALONE;
         * ``disable_overlap_schedule``: always on, since SAGE registers ``supports_overlap=False`` for now
           (on CPU SGLang has no speculative overlap at all);
@@ -232,10 +251,11 @@ class SageSpecAlgo(CustomSpecAlgo):
         if server_args.speculative_num_draft_tokens is None:
             server_args.speculative_num_draft_tokens = sizes.num_draft_tokens
         logger.info(
-            "SAGE draft sizes: --speculative-eagle-topk %d --speculative-num-steps %d --speculative-num-draft-tokens %d",
+            "SAGE draft sizes: --speculative-eagle-topk %d --speculative-num-steps %d --speculative-num-draft-tokens %d%s",
             sizes.topk,
             sizes.num_steps,
             sizes.num_draft_tokens,
+            f"; tiers {[[t.steps, t.draft_tokens] for t in sizes.tiers]}" if sizes.tiers else "",
         )
         if server_args.max_running_requests is None:
             server_args.max_running_requests = 48

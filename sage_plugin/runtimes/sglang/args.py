@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from sage_plugin.config import ConfigError, SageConfig, from_mapping, read_sage_yaml
+from sage_plugin.core.tiers import Tier, parse_tiers
 
 __all__ = [
     "CONFIG_FLAG",
@@ -270,16 +271,27 @@ def build_sage_config(cli: SageCliArgs | None) -> SageConfig:
 
 @dataclass(frozen=True)
 class SpecSizes:
-    """SGLang's static draft sizes for SAGE: ``--speculative-eagle-topk``, ``-num-steps``, ``-num-draft-tokens``."""
+    """SGLang's draft sizes for SAGE: ``--speculative-eagle-topk``, ``-num-steps``, ``-num-draft-tokens``.
+
+    With tiers (``--sage-tiers``) the steps and draft tokens are the largest tier's (what SGLang allocates and
+    captures first) and ``tiers`` lists every tier; without, ``tiers`` is that one shape.
+    """
 
     topk: int
     num_steps: int
     num_draft_tokens: int
+    tiers: tuple[Tier, ...] = ()
+
+    @property
+    def max_alloc_per_decode(self) -> int:
+        """KV slots one request may take in one decode step under any tier: ``max(steps * topk, draft_tokens)``."""
+        shapes = self.tiers or (Tier(self.num_steps, self.num_draft_tokens),)
+        return max(max(t.steps * self.topk, t.draft_tokens) for t in shapes)
 
 
 def _candidates(topk: int, num_steps: int) -> int:
     """Draft nodes the EAGLE beam scores in ``num_steps`` steps (the pool the tree's N - 1 nodes come from)."""
-    return topk + (num_steps - 1) * topk * topk
+    return topk + (num_steps - 1) * topk * topk if num_steps else 0
 
 
 def spec_sizes(
@@ -292,15 +304,21 @@ def spec_sizes(
     * ``num_steps = cfg.max_tree_depth``: the deepest level any round can reach (``d_cap`` with the
       history controller, ``d_max`` without, or the static first-round tree's depth);
     * ``num_draft_tokens = cfg.max_tree_nodes + 1`` (the root counts), capped at what the beam can
-      score in ``num_steps`` steps plus the root.
+      score in ``num_steps`` steps plus the root;
+    * with ``cfg.tiers``: every tier must fit the beam, the largest tier must be largest in both steps and draft
+      tokens (it is the shape SGLang allocates), and ``--speculative-num-steps`` / ``-num-draft-tokens`` must not
+      be given (the tiers set them).
 
     Raises:
-        ConfigError: an explicit SGLang value SAGE cannot use (named by its flag).
+        ConfigError: an explicit SGLang value SAGE cannot use (named by its flag), or a tier list SGLang cannot run.
 
     >>> spec_sizes(SageConfig())
-    SpecSizes(topk=10, num_steps=10, num_draft_tokens=65)
+    SpecSizes(topk=10, num_steps=10, num_draft_tokens=65, tiers=())
     >>> spec_sizes(SageConfig(), topk=2, num_steps=3)  # 2 + 2 * 4 = 10 candidates: N capped at 11
-    SpecSizes(topk=2, num_steps=3, num_draft_tokens=11)
+    SpecSizes(topk=2, num_steps=3, num_draft_tokens=11, tiers=())
+    >>> s = spec_sizes(SageConfig(tiers=((0, 1), (2, 4), (4, 8))), topk=4)
+    >>> (s.num_steps, s.num_draft_tokens, s.max_alloc_per_decode)
+    (4, 8, 16)
     """
     if topk is not None and topk < 2:
         raise ConfigError(
@@ -310,6 +328,8 @@ def spec_sizes(
     if num_steps is not None and num_steps < 1:
         raise ConfigError(f"--speculative-num-steps must be >= 1 with --speculative-algorithm sage, got {num_steps}")
     topk = topk if topk is not None else min(cfg.k, MAX_DERIVED_TOPK)
+    if cfg.tiers:
+        return _tier_sizes(cfg, topk, num_steps, num_draft_tokens)
     num_steps = num_steps if num_steps is not None else cfg.max_tree_depth
     most = _candidates(topk, num_steps) + 1
     if num_draft_tokens is None:
@@ -321,3 +341,27 @@ def spec_sizes(
             f"got {num_draft_tokens}"
         )
     return SpecSizes(topk=topk, num_steps=num_steps, num_draft_tokens=num_draft_tokens)
+
+
+def _tier_sizes(cfg: SageConfig, topk: int, num_steps: int | None, num_draft_tokens: int | None) -> SpecSizes:
+    flag = flag_name("tiers")
+    if num_steps is not None or num_draft_tokens is not None:
+        raise ConfigError(
+            f"{flag} sets the draft shapes: leave --speculative-num-steps and --speculative-num-draft-tokens unset"
+        )
+    tiers = parse_tiers(cfg.tiers)
+    for t in tiers:
+        if not t.off and t.draft_tokens - 1 > _candidates(topk, t.steps):
+            raise ConfigError(
+                f"{flag}: tier [{t.steps}, {t.draft_tokens}] verifies {t.draft_tokens - 1} draft nodes but a "
+                f"topk-{topk} beam scores only {_candidates(topk, t.steps)} in {t.steps} steps"
+            )
+    top = tiers[-1]
+    if top.off:
+        raise ConfigError(f"{flag}: at least one tier must speculate (steps >= 1), got only [0, 1]")
+    if any(t.draft_tokens > top.draft_tokens for t in tiers):
+        raise ConfigError(
+            f"{flag}: the tier with the most steps must also verify the most tokens (SGLang allocates and "
+            f"captures it first); got {[[t.steps, t.draft_tokens] for t in tiers]}"
+        )
+    return SpecSizes(topk=topk, num_steps=top.steps, num_draft_tokens=top.draft_tokens, tiers=tiers)

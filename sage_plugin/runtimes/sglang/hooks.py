@@ -132,6 +132,10 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
     section = dict(draft.sage_stats())
     section["kv_available_tokens"] = int(scheduler.token_to_kv_pool_allocator.available_size())
     section["kv_evictable_tokens"] = int(scheduler.tree_cache.evictable_size())
+    tiers = getattr(getattr(scheduler, "draft_worker", None), "sage_tiers", None)
+    if tiers is not None:  # --sage-tiers: per tier its steps run, expected tokens and measured cost
+        section["tiers"] = tiers.chooser.summary()
+        section["tier_switches"] = tiers.switches
     state["sage"] = section
 
 

@@ -53,6 +53,11 @@ SGLANG_SUPPORT = RuntimeSupport(
         "keep_top1": _ALL,
         "topology": Honoured({"online"}, "planned needs the previous round's draft distributions per rank path"),
         "static_tree": _ALL,
+        "tiers": Honoured(
+            note="[steps, draft_tokens] states built at start-up through SGLang's adaptive runtime states; one per "
+            "step by measured tokens per second (--speculative-eagle-topk fixed)"
+        ),
+        "tier_probe_every": _ALL,
     },
     not_read={
         "pad_forwards": "with node_budget auto only (a fixed verify width has nothing to pad)",

@@ -38,6 +38,11 @@ _BASELINES = {
     "prune_ratio_video": "no draft-side visual-token pruning in the TensorRT-LLM adapter",
 }
 _NO_PAD = "with node_budget auto only (a fixed verify width has nothing to pad)"
+_TIERS = {
+    "tiers": "TensorRT-LLM's draft lengths are set by its own config (max_draft_len, max_total_draft_tokens)",
+    "tier_probe_every": "no tiers",
+}
+
 _CHAIN = "a chain keeps each of its D levels: the level-inclusion rule (Eq. 12) shapes trees"
 _WIDTH = "width 1: TensorRT-LLM's user-provided drafter path verifies a linear draft"
 
@@ -69,6 +74,7 @@ TRTLLM_SUPPORT = RuntimeSupport(
         "pad_forwards": _NO_PAD,
         "calibration": "a chain has no nodes to rank",
         "rerank_nodes": "a chain has no nodes to rank",
+        **_TIERS,
         "static_tree": "a chain has no static first tree",
         **_BASELINES,
     },
@@ -108,6 +114,7 @@ TRTLLM_TREE_SUPPORT = RuntimeSupport(
         "pad_forwards": _NO_PAD,
         "calibration": "the worker ranks candidates by its own draft scores",
         "rerank_nodes": "the worker resamples max_total_draft_tokens nodes by its own scores",
+        **_TIERS,
         **_BASELINES,
     },
 )

@@ -1,0 +1,169 @@
+"""Speculative tiers: a small fixed set of draft shapes and the host-side choice of one per step.
+
+A serving runtime that captures graphs (SGLang's CUDA graphs) runs a step at one of a few shapes fixed at start-up,
+a *tier* ``(steps, draft_tokens)``: ``steps`` draft forwards of a fixed-width beam, then one verify forward of
+``draft_tokens`` tokens per request (the root included).  ``(0, 1)`` is speculation off: the verify forward is a
+plain decode step.  Inside a tier SAGE still shapes each request's tree (which ``draft_tokens - 1`` candidates are
+verified); the tier only bounds it.
+
+:class:`TierChooser` picks the tier of each step from host-side numbers only (no device tensor is read, so every
+tensor-parallel rank running the same schedule picks the same tier with no communication and no device sync):
+
+* the batch size;
+* each tier's measured step cost at that batch size (seconds; an exponential moving average of the runtime's own
+  step timings, which the runtime reports with :meth:`TierChooser.record_cost`), plus the runtime's per-step
+  overhead outside the forward passes (scheduling, result processing: :meth:`TierChooser.record_overhead`), which
+  every tier pays once per step;
+* each tier's expected tokens per request per step (1 + the mean accepted drafts, an exponential moving average
+  fed from the accept counts the runtime already copies to the host, :meth:`TierChooser.observe`; exactly 1 for
+  the off tier).
+
+The choice maximises ``expected tokens / cost``.  A tier never measured at a batch size is tried first there (the
+runtime's start-up measurement, amortised over the first steps at each batch size), and every ``probe_every`` steps
+the stalest other tier is re-measured so the estimates follow the traffic.  Feedback may lag: the runtime calls
+:meth:`TierChooser.choose` when a step starts and :meth:`observe` when its accept counts reach the host, possibly
+after later steps started (overlap scheduling); observations are matched to steps in launch order.
+
+Worked example (two tiers, batch 1)::
+
+    tiers (0, 1) and (3, 8); costs measured 60 ms and 100 ms; mean accepted drafts under (3, 8): 1.2
+    expected tokens / s: (0, 1) 1 / 0.060 = 16.7;  (3, 8) 2.2 / 0.100 = 22.0  -> (3, 8)
+    if acceptance drops to 0.5 accepted drafts: 1.5 / 0.100 = 15.0 < 16.7    -> (0, 1)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+__all__ = ["Tier", "TierChooser", "parse_tiers"]
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Tier:
+    """One captured shape: ``steps`` draft forwards, ``draft_tokens`` verified tokens per request (root included)."""
+
+    steps: int
+    draft_tokens: int
+
+    @property
+    def off(self) -> bool:
+        """Speculation off: no draft step, the verify forward is a plain decode step."""
+        return self.steps == 0
+
+
+def parse_tiers(pairs: Iterable[Sequence[int]]) -> tuple[Tier, ...]:
+    """Tiers from ``[steps, draft_tokens]`` pairs, sorted; the pairs are validated by the config."""
+    return tuple(sorted(Tier(int(s), int(n)) for s, n in pairs))
+
+
+class TierChooser:
+    """Host-side choice of the tier that maximises expected tokens per second (see the module docstring).
+
+    Args:
+        tiers: the tiers, at least one.
+        probe_every: steps between re-measurements of a non-chosen tier (0: never re-measure).
+        smoothing: weight of a new sample in the moving averages, in (0, 1].
+    """
+
+    def __init__(self, tiers: Sequence[Tier], probe_every: int = 16, smoothing: float = 0.2) -> None:
+        if not tiers:
+            raise ValueError("at least one tier")
+        self.tiers = tuple(sorted(set(tiers)))
+        self.probe_every = probe_every
+        self.smoothing = smoothing
+        self._cost: dict[tuple[Tier, int], float] = {}
+        self._accepted: dict[Tier, float] = {t: 0.0 for t in self.tiers if t.off}
+        self._last_used: dict[Tier, int] = {t: -1 for t in self.tiers}
+        self._pending: deque[Tier] = deque(maxlen=8)  # a step whose feedback never comes cannot pile up
+        self._overhead: float | None = None
+        self.steps_run: dict[Tier, int] = {t: 0 for t in self.tiers}
+        self._steps = 0
+
+    # -- estimates ----------------------------------------------------------------------------------------
+    def expected_tokens(self, tier: Tier) -> float | None:
+        """Expected tokens per request per step under ``tier`` (None until observed)."""
+        acc = self._accepted.get(tier)
+        return None if acc is None else 1.0 + acc
+
+    def cost(self, tier: Tier, batch_size: int) -> float | None:
+        """Measured seconds per step of ``tier`` at ``batch_size`` (None until measured)."""
+        return self._cost.get((tier, batch_size))
+
+    def rate(self, tier: Tier, batch_size: int) -> float | None:
+        """Expected tokens per second of the whole batch (None while either estimate is missing)."""
+        tokens, cost = self.expected_tokens(tier), self.cost(tier, batch_size)
+        step = None if cost is None else cost + (self._overhead or 0.0)
+        if tokens is None or step is None or step <= 0.0:
+            return None
+        return batch_size * tokens / step
+
+    def best(self, batch_size: int) -> Tier | None:
+        """The tier with the highest known rate at ``batch_size`` (ties: fewer steps); None if none is known."""
+        rated = [(r, t) for t in self.tiers if (r := self.rate(t, batch_size)) is not None]
+        if not rated:
+            return None
+        top = max(r for r, _ in rated)
+        return min(t for r, t in rated if r == top)
+
+    # -- the per-step protocol ----------------------------------------------------------------------------
+    def choose(self, batch_size: int) -> Tier:
+        """The tier of the step about to start (recorded as pending until :meth:`observe`)."""
+        self._steps += 1
+        tier = self._unmeasured(batch_size)
+        if tier is None:
+            tier = self.best(batch_size) or self.tiers[-1]
+            if self.probe_every and self._steps % self.probe_every == 0 and len(self.tiers) > 1:
+                others = [t for t in self.tiers if t != tier]
+                tier = min(others, key=lambda t: (self._last_used[t], t))
+        self._last_used[tier] = self._steps
+        self.steps_run[tier] += 1
+        self._pending.append(tier)
+        return tier
+
+    def record_cost(self, tier: Tier, batch_size: int, seconds: float) -> None:
+        """A measured step time of ``tier`` at ``batch_size``."""
+        key = (tier, batch_size)
+        old = self._cost.get(key)
+        self._cost[key] = seconds if old is None else old + self.smoothing * (seconds - old)
+
+    def record_overhead(self, seconds: float) -> None:
+        """A measured gap between two consecutive decode steps (the runtime's work outside the forwards)."""
+        seconds = max(seconds, 0.0)
+        old = self._overhead
+        self._overhead = seconds if old is None else old + self.smoothing * (seconds - old)
+
+    def observe(self, accepted_drafts: Sequence[int]) -> Tier | None:
+        """Accepted draft counts (bonus token excluded) of the oldest pending step, one per request.
+
+        Returns the tier they are credited to (None when no step is pending: a prefill's feedback).
+        """
+        if not self._pending:
+            return None
+        tier = self._pending.popleft()
+        if tier.off or not accepted_drafts:
+            return tier
+        mean = sum(accepted_drafts) / len(accepted_drafts)
+        old = self._accepted.get(tier)
+        self._accepted[tier] = mean if old is None else old + self.smoothing * (mean - old)
+        return tier
+
+    def _unmeasured(self, batch_size: int) -> Tier | None:
+        """The first tier (largest first: it gives acceptance for the others' bounds) lacking an estimate."""
+        for tier in reversed(self.tiers):
+            if self.cost(tier, batch_size) is None or self.expected_tokens(tier) is None:
+                return tier
+        return None
+
+    def summary(self) -> dict[str, dict[str, float | None]]:
+        """Per tier: expected tokens per request and the measured cost (ms) at each batch size seen."""
+        out: dict[str, dict[str, float | None]] = {}
+        for t in self.tiers:
+            row: dict[str, float | None] = {"tokens": self.expected_tokens(t), "steps": self.steps_run[t]}
+            for (tt, bs), c in sorted(self._cost.items(), key=lambda kv: kv[0][1]):
+                if tt == t:
+                    row[f"ms@{bs}"] = round(1000.0 * c, 2)
+            out[f"{t.steps}:{t.draft_tokens}"] = row
+        out["overhead"] = {"ms": None if self._overhead is None else round(1000.0 * self._overhead, 2)}
+        return out

@@ -1,0 +1,185 @@
+"""Serving tiers: the config field, SGLang's sizes for a tier list, and the host-side tier choice (core/tiers.py).
+
+The chooser is driven the way a runtime drives it (choose at step start, cost when timed, observe when the accept
+counts reach the host) with a simulated device whose per-tier costs and acceptance are known, so the expected choice
+can be computed by hand; the overlap scheduler's one-step feedback lag is simulated by observing late.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sage_plugin.config import ConfigError, SageConfig
+from sage_plugin.core.tiers import Tier, TierChooser, parse_tiers
+from sage_plugin.runtimes.sglang.args import spec_sizes
+
+OFF, SMALL, BIG = Tier(0, 1), Tier(2, 4), Tier(4, 8)
+
+
+# -- config -----------------------------------------------------------------------------------------------
+def test_config_tiers_round_trip_and_yaml_lists():
+    cfg = SageConfig.from_mapping({"tiers": [[0, 1], [3, 5]]})
+    assert cfg.tiers == ((0, 1), (3, 5))
+    assert cfg.to_dict()["tiers"] == [[0, 1], [3, 5]]
+    assert SageConfig.from_mapping(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize(
+    "tiers, needle",
+    [
+        ([[0, 2]], "[0, 1] for speculation off"),
+        ([[1, 1]], "draft_tokens in [2, 1025]"),
+        ([[65, 8]], "steps in [1, 64]"),
+        ([[2, 4, 1]], "[steps, draft_tokens]"),
+        ([[2, 4], [2, 4]], "distinct"),
+        ([[1, 2]] * 17, "1-16"),
+        ([[True, 2]], "[steps, draft_tokens]"),
+        ("0:1", "list of [steps, draft_tokens] pairs"),
+    ],
+)
+def test_config_rejects_bad_tiers(tiers, needle):
+    with pytest.raises(ConfigError, match="tiers") as err:
+        SageConfig.from_mapping({"tiers": tiers})
+    assert needle in str(err.value)
+
+
+def test_probe_interval_range():
+    with pytest.raises(ConfigError, match="tier_probe_every"):
+        SageConfig(tier_probe_every=-1)
+
+
+# -- SGLang sizes ---------------------------------------------------------------------------------------------
+def test_spec_sizes_take_the_largest_tier_and_bound_the_kv_reservation():
+    cfg = SageConfig(k=4, w_max=4, tiers=((0, 1), (1, 2), (4, 8), (6, 11)))
+    sizes = spec_sizes(cfg)
+    assert (sizes.topk, sizes.num_steps, sizes.num_draft_tokens) == (4, 6, 11)
+    assert sizes.tiers == parse_tiers(cfg.tiers)
+    # the deepest tier drafts 6 x 4 tokens into the KV pool: more than any tier verifies
+    assert sizes.max_alloc_per_decode == 24
+
+
+@pytest.mark.parametrize(
+    "tiers, kwargs, needle",
+    [
+        (((1, 6),), {}, "scores only 4 in 1 steps"),  # topk 4: one step scores 4 candidates
+        (((0, 1),), {}, "at least one tier must speculate"),
+        (((2, 9), (3, 5)), {}, "must also verify the most tokens"),
+        (((3, 5),), {"num_steps": 3}, "leave --speculative-num-steps"),
+        (((3, 5),), {"num_draft_tokens": 5}, "leave --speculative-num-steps"),
+    ],
+)
+def test_spec_sizes_refuse_tiers_sglang_cannot_run(tiers, kwargs, needle):
+    with pytest.raises(ConfigError, match="--sage-tiers") as err:
+        spec_sizes(SageConfig(k=4, w_max=4, tiers=tiers), **kwargs)
+    assert needle in str(err.value)
+
+
+# -- the chooser ------------------------------------------------------------------------------------------------
+class SimDevice:
+    """Per-tier step cost (seconds, linear in the batch) and accepted drafts per request (deterministic)."""
+
+    def __init__(self, cost: dict[Tier, tuple[float, float]], accepted: dict[Tier, int]) -> None:
+        self.cost, self.accepted = cost, accepted
+
+    def step(self, tier: Tier, bs: int) -> tuple[float, list[int]]:
+        base, per = self.cost[tier]
+        return base + per * bs, [self.accepted.get(tier, 0)] * bs
+
+
+def _run(chooser: TierChooser, dev: SimDevice, bs: int, steps: int, lag: int = 0) -> list[Tier]:
+    """Drive ``steps`` decode steps; accept counts reach the chooser ``lag`` steps late."""
+    chosen, backlog = [], []
+    for _ in range(steps):
+        tier = chooser.choose(bs)
+        seconds, acc = dev.step(tier, bs)
+        chooser.record_cost(tier, bs, seconds)
+        backlog.append(acc)
+        if len(backlog) > lag:
+            chooser.observe(backlog.pop(0))
+        chosen.append(tier)
+    return chosen
+
+
+def test_each_tier_is_measured_first_then_the_best_rate_wins():
+    dev = SimDevice({OFF: (0.060, 0.0), SMALL: (0.080, 0.0), BIG: (0.100, 0.0)}, {SMALL: 1, BIG: 2})
+    chooser = TierChooser([OFF, SMALL, BIG], probe_every=0)
+    chosen = _run(chooser, dev, bs=1, steps=20)
+    assert chosen[:3] == [BIG, SMALL, OFF]  # start-up measurement, largest first
+    # rates: off 1/0.06 = 16.7, small 2/0.08 = 25, big 3/0.10 = 30 tokens/s
+    assert set(chosen[3:]) == {BIG}
+    assert chooser.rate(BIG, 1) == pytest.approx(30.0)
+
+
+def test_speculation_off_wins_when_the_draft_is_useless():
+    dev = SimDevice({OFF: (0.060, 0.0), SMALL: (0.080, 0.0), BIG: (0.100, 0.0)}, {SMALL: 0, BIG: 0})
+    chooser = TierChooser([OFF, SMALL, BIG], probe_every=0)
+    assert set(_run(chooser, dev, bs=1, steps=30)[3:]) == {OFF}
+
+
+def test_the_choice_depends_on_the_batch_size():
+    # a wide verify is cheap at batch 1 and expensive at batch 8 (compute-bound)
+    dev = SimDevice({OFF: (0.050, 0.010), BIG: (0.060, 0.040)}, {BIG: 1})
+    chooser = TierChooser([OFF, BIG], probe_every=0)
+    _run(chooser, dev, bs=1, steps=10)
+    _run(chooser, dev, bs=8, steps=10)
+    assert chooser.best(1) == BIG  # 2 / 0.10 = 20  > 1 / 0.06 = 16.7
+    assert chooser.best(8) == OFF  # 16 / 0.38 = 42 < 8 / 0.13 = 61.5
+
+
+def test_overhead_counts_once_per_step_for_every_tier():
+    # without overhead: off 1/0.05 = 20 > small 1.5/0.08 = 18.75; with 40 ms per step: 11.1 < 12.5
+    chooser = TierChooser([OFF, SMALL], probe_every=0)
+    chooser.record_cost(OFF, 1, 0.05)
+    chooser.record_cost(SMALL, 1, 0.08)
+    chooser.choose(1)
+    chooser.observe([0, 1])  # SMALL was measured first: mean 0.5 accepted
+    assert chooser.best(1) == OFF
+    chooser.record_overhead(0.04)
+    assert chooser.best(1) == SMALL
+
+
+def test_probing_follows_a_change_in_acceptance():
+    dev = SimDevice({OFF: (0.060, 0.0), BIG: (0.100, 0.0)}, {BIG: 2})
+    chooser = TierChooser([OFF, BIG], probe_every=4, smoothing=0.5)
+    assert _run(chooser, dev, bs=1, steps=12)[-8:].count(BIG) >= 6
+    dev.accepted[BIG] = 0  # the traffic turns unpredictable
+    chosen = _run(chooser, dev, bs=1, steps=40)
+    assert chosen[-8:].count(OFF) >= 6  # off, apart from the periodic probe of BIG
+    dev.accepted[BIG] = 3
+    chosen = _run(chooser, dev, bs=1, steps=40)
+    assert chosen[-8:].count(BIG) >= 6
+
+
+@settings(max_examples=40, deadline=None)
+@given(lag=st.integers(0, 3), seed=st.integers(0, 10_000))
+def test_lagged_feedback_credits_each_step_to_its_own_tier(lag, seed):
+    """Observations arrive ``lag`` steps late (overlap scheduling): the estimates equal the no-lag run's."""
+    rng = random.Random(seed)
+    acc = {SMALL: rng.randint(0, 1), BIG: rng.randint(0, 4)}
+    cost = {OFF: (0.05, 0.0), SMALL: (rng.uniform(0.05, 0.1), 0.0), BIG: (rng.uniform(0.06, 0.2), 0.0)}
+    runs = []
+    for lg in (0, lag):
+        chooser = TierChooser([OFF, SMALL, BIG], probe_every=5)
+        _run(chooser, SimDevice(cost, acc), bs=2, steps=40, lag=lg)
+        runs.append({t: chooser.expected_tokens(t) for t in chooser.tiers})
+    assert runs[0] == runs[1]
+    assert runs[0][BIG] == pytest.approx(1 + acc[BIG])
+    assert runs[0][OFF] == 1.0
+
+
+def test_feedback_without_a_pending_step_is_ignored():
+    chooser = TierChooser([OFF, BIG])
+    assert chooser.observe([3, 3]) is None
+    assert chooser.expected_tokens(BIG) is None
+
+
+def test_summary_reports_steps_tokens_and_costs():
+    chooser = TierChooser([OFF, BIG], probe_every=0)
+    _run(chooser, SimDevice({OFF: (0.05, 0.0), BIG: (0.1, 0.0)}, {BIG: 1}), bs=1, steps=4)
+    summary = chooser.summary()
+    assert summary["4:8"] == {"tokens": 2.0, "steps": 4 - summary["0:1"]["steps"], "ms@1": 100.0}
+    assert summary["0:1"]["tokens"] == 1.0
