@@ -26,6 +26,7 @@ metrics are device tensors too, copied to the host once per step without blockin
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
@@ -37,10 +38,13 @@ from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, S
 from sage_plugin.config import SageConfig
 from sage_plugin.core.budgeted import eagle_beam_candidates, select_shaped
 from sage_plugin.core.slots import SlotState
+from sage_plugin.core.tiers import TierChooser, parse_tiers
+from sage_plugin.models import draft_head_ids
 
 from .args import sage_config_of
 from .hooks import ACTIVE_SELECTION
 from .meta import SageRoundDevice
+from .tiers import SageTierController, StepClock, TierSwitchLogFilter
 
 __all__ = ["BeamSelection", "SageDraftWorker", "SageEagleDraftWorker", "SageEagleWorkerV2", "SageWorkerV2"]
 
@@ -154,12 +158,13 @@ class SageDraftMixin(EagleDraftWorkerBase):
             batch.input_ids = batch.input_ids.clamp(max=vocab - 1)
         return super()._draft_extend_for_prefill(batch, *args, **kwargs)
 
-    def init_cuda_graphs(self):
-        # the captured draft step must contain SAGE's selection (reading the persistent shape buffers)
+    def _capture_cuda_graphs(self):
+        # every captured draft step (start-up and each tier's, built by build_adaptive_runtime_state) must contain
+        # SAGE's selection, reading the persistent shape buffers
         self._ensure_sage_state()
         token = ACTIVE_SELECTION.set(self.sage_selection)
         try:
-            return super().init_cuda_graphs()
+            return super()._capture_cuda_graphs()
         finally:
             ACTIVE_SELECTION.reset(token)
 
@@ -167,9 +172,12 @@ class SageDraftMixin(EagleDraftWorkerBase):
         self._ensure_sage_state()
         self.sage_slots.reset(slots)
 
-    def sage_observe(self, slots: torch.Tensor, accept_lens: torch.Tensor) -> None:
+    def sage_observe(self, slots: torch.Tensor, accept_lens: torch.Tensor, history: bool = True) -> None:
+        """A drafted round's accept lengths: into the metrics, and into the slots' history unless ``history`` is
+        False (a tier too shallow to tell the history controller anything)."""
         self._ensure_sage_state()
-        self.sage_slots.observe(slots, accept_lens)
+        if history:
+            self.sage_slots.observe(slots, accept_lens)
         self._stats[5] += accept_lens.sum().to(self._stats.dtype)
         # lagged metrics: start this step's copy, read the previous one
         self._stats_host.copy_(self._stats, non_blocking=True)
@@ -190,8 +198,35 @@ class SageDraftMixin(EagleDraftWorkerBase):
         }
 
 
+class DraftHeadRows(torch.nn.Module):
+    """A draft's output head cut to the rows ``ids`` (what SGLang's ``LogitsProcessor`` needs: a ``weight``)."""
+
+    def __init__(self, weight: torch.Tensor, ids: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight.detach().index_select(0, ids.to(weight.device)), requires_grad=False)
+
+
 class SageDraftWorker(SageDraftMixin, StandaloneDraftWorker):
-    """SGLang's standalone draft worker (separate draft model) plus SAGE's per-round plan."""
+    """SGLang's standalone draft worker (separate draft model) plus SAGE's per-round plan.
+
+    A draft trained with a restricted head (``sage_draft.json``, :func:`sage_plugin.models.draft_head_ids`: every
+    other token shares one output row that is never its argmax) drafts over those rows only, as the reference engine
+    does: its head becomes :class:`DraftHeadRows` and SGLang's own hot-token map (the ``--speculative-token-map``
+    mechanism, ``hot_token_id``) turns the draft's top-k indices back into vocabulary ids.  On this project's draft
+    the head shrinks from 49,152 to 8,192 rows (the draft lm_head was 17% of a step at tier [4, 8] on the 2-core CPU).
+    """
+
+    __slots__ = ()
+
+    def init_sage(self, cfg: SageConfig) -> None:
+        super().init_sage(cfg)
+        ids = draft_head_ids(self.draft_runner.model_config.model_path)
+        if ids is None or getattr(self, "hot_token_id", None) is not None:
+            return  # a full head, or the operator's own --speculative-token-map
+        model = self.draft_runner.model
+        model.lm_head = DraftHeadRows(model.lm_head.weight, ids)  # a tied embedding keeps its own rows
+        self.hot_token_id = ids.to(model.lm_head.weight.device)
+        logger.info("SAGE: the draft drafts over its %d head tokens (sage_draft.json)", ids.numel())
 
 
 class SageEagleDraftWorker(SageDraftMixin, EagleDraftWorker):
@@ -208,10 +243,28 @@ class SageWorkerMixin:
 
     def _init_sage(self, server_args: Any) -> None:
         cfg = sage_config_of(server_args)
+        self.sage_cfg = cfg
+        self.sage_tiers: SageTierController | None = None
+        self._sage_clock = StepClock(self.device)
+        self._sage_last_end: float | None = None
         if self._draft_worker is not None:  # None on pipeline stages that host no draft
             self._draft_worker.__class__ = self.sage_draft_cls
             self._draft_worker.init_sage(cfg)
+            if cfg.tiers:
+                # built by EAGLEWorkerV2.init_cuda_graphs, chosen in forward_batch_generation, as --speculative-adaptive
+                self.sage_tiers = SageTierController(self, TierChooser(parse_tiers(cfg.tiers), cfg.tier_probe_every))
+                self.adaptive_controller = self.sage_tiers
+                logging.getLogger(EAGLEWorkerV2.__module__).addFilter(TierSwitchLogFilter())
         logger.info("SAGE worker ready (%s): %s", type(self).__name__, cfg.to_dict())
+
+    def apply_runtime_state(self, state: Any) -> None:
+        """Upstream's swap, which returns early on an equal step count: a SAGE tier may differ in draft tokens only."""
+        now = (self.speculative_num_steps, self.speculative_num_draft_tokens)
+        if now == (state.speculative_num_steps, state.speculative_num_draft_tokens):
+            return
+        if now[0] == state.speculative_num_steps:
+            self.speculative_num_steps = -1  # not a real size: it only defeats the early return
+        super().apply_runtime_state(state)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch
@@ -220,16 +273,28 @@ class SageWorkerMixin:
         draft = self._draft_worker
         if draft is not None:
             draft.sage_round = None
+        tiers = self.sage_tiers if not (prefill or idle) else None
+        if tiers is not None and self._sage_last_end is not None and not self._sage_clock.cuda:
+            tiers.chooser.record_overhead(time.perf_counter() - self._sage_last_end)
+        started = self._sage_clock.start() if tiers is not None else None
         out = super().forward_batch_generation(
             batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
         )
+        if tiers is not None:
+            for (tier, bs), seconds in self._sage_clock.stop(started, (tiers.active, batch.seq_lens.shape[0])):
+                tiers.chooser.record_cost(tier, bs, seconds)
+            self._sage_last_end = time.perf_counter()
+        else:
+            self._sage_last_end = None
+        # a tier shallower than d_max truncates acceptance: it would walk the history controller's D_max down
+        informative = tiers is None or tiers.active.steps >= self.sage_cfg.d_max
         if draft is not None and slots is not None and slots.numel() > 0 and not idle:
             if prefill:
                 draft.sage_reset(slots)
-            elif getattr(out, "accept_lens", None) is not None:
-                draft.sage_observe(slots, out.accept_lens)
+            elif getattr(out, "accept_lens", None) is not None and draft.sage_round is not None:
+                draft.sage_observe(slots, out.accept_lens, history=informative)
                 logits = getattr(out, "logits_output", None)
-                if draft.sage_round is not None and logits is not None:
+                if logits is not None:
                     # per-request alpha/D/W for meta_info["sage"], copied with the step's tokens (meta.py)
                     logits.auxiliary_device_output = append_auxiliary_output(
                         logits.auxiliary_device_output, SageRoundDevice(draft.sage_round)

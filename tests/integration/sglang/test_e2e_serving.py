@@ -165,3 +165,47 @@ def test_sampling_requests_are_sampled_not_argmax(servers, kv_start):
     assert any(s["output_ids"] != g["output_ids"] for s, g in zip(sampled, greedy))
     for s in sampled:
         assert s["meta_info"]["completion_tokens"] >= 1 and s["meta_info"]["spec_verify_ct"] >= 1
+
+
+def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
+    """``--sage-tiers``: every tier (speculation off included) is built at start-up through SGLang's adaptive runtime
+    states and runs (a probe every 2 steps cycles them); outputs stay token-identical to plain serving, the KV pool
+    returns to its start, and the server reports each tier's steps, expected tokens and measured cost."""
+    plain, _ = servers
+    tiers = [[0, 1], [1, 2], [3, 5], [6, 11]]
+    server = Server(["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
+                     "--speculative-draft-model-path", str(_draft_dir(target_dir)),
+                     "--sage-tiers", str(tiers), "--sage-tier-probe-every", "2"],
+                    launch_env, tmp_path / "tiers.log")  # fmt: skip
+    try:
+        server.post("/flush_cache", {})
+        kv0 = server.get("/server_info")["internal_states"][0]["sage"]["kv_available_tokens"]
+        prompts = _prompts(12)
+        ref = parallel(lambda p: plain.generate(p, 32), prompts)
+        got = parallel(lambda p: server.generate(p, 32), prompts)
+        seq = [server.generate(p, 32) for p in prompts[:3]]  # batch 1 too: tiers are measured per batch size
+        server.post("/flush_cache", {})
+        deadline = time.monotonic() + 60
+        while True:
+            info = server.get("/server_info")
+            if info["internal_states"][0]["sage"]["kv_available_tokens"] == kv0 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+    finally:
+        server.stop()
+    for r, g in zip(ref + ref[:3], got + seq):
+        assert g["output_ids"] == r["output_ids"], (r["text"], g["text"])
+        meta = g["meta_info"]
+        if meta.get("sage"):  # rounds that drafted; steps at the off tier verify the root alone
+            assert meta["sage"][0]["rounds"] <= meta["spec_verify_ct"]
+    sage = info["internal_states"][0]["sage"]
+    report = sage["tiers"]
+    for t in tiers:
+        row = report[f"{t[0]}:{t[1]}"]
+        assert row["steps"] > 0 and row["tokens"] is not None and row["tokens"] >= 1.0, report
+        assert any(k.startswith("ms@") and v > 0 for k, v in row.items()), report
+    assert report["0:1"]["tokens"] == 1.0
+    assert sage["tier_switches"] > 0
+    assert sage["kv_available_tokens"] == kv0, (sage, kv0)
+    log = (tmp_path / "tiers.log").read_text()
+    assert "Built adaptive runtime state steps=0" in log and "Switch adaptive runtime state" not in log
