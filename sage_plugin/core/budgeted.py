@@ -169,5 +169,6 @@ def _static_mask(cands: BeamCandidates, cfg: SageConfig) -> torch.Tensor:
     for lvl in range(1, cands.levels + 1):  # parents are one level up: their codes are final
         par = torch.where(has_parent, codes.gather(1, cands.parent.clamp(min=0)), 0)
         codes = torch.where((cands.depth == lvl)[None], path_code(par, cands.rank, base), codes)
-    static = torch.tensor(codes_of_choices(cfg.static_tree, base), dtype=torch.int64, device=codes.device)
-    return torch.isin(codes, static)
+    # one compare per static path with a host int: a tensor of the codes would be a host -> device copy every step,
+    # which CUDA graph capture refuses (SGLang captures this selection in its draft step)
+    return torch.stack([codes == c for c in codes_of_choices(cfg.static_tree, base)]).any(0)

@@ -16,7 +16,7 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
 
 * :func:`organize_draft_results` (AROUND ``sglang.srt.speculative.eagle_utils.organize_draft_results``): when a
   SAGE draft worker is drafting (:data:`ACTIVE_SELECTION` is set), the verified nodes are SAGE's choice
-  (:class:`.worker.BeamSelection`); otherwise SGLang's own top-N.  ``HookRegistry`` also rebinds the copy
+  (:class:`.selection.BeamSelection`); otherwise SGLang's own top-N.  ``HookRegistry`` also rebinds the copy
   ``eagle_worker_v2`` imported, which is the one the draft step calls.
 
 * :func:`add_speculative_state` (AROUND ``SchedulerInternalStateController._add_speculative``): adds a ``"sage"``

@@ -36,7 +36,6 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, StandaloneWorkerV2
 
 from sage_plugin.config import SageConfig
-from sage_plugin.core.budgeted import eagle_beam_candidates, select_shaped
 from sage_plugin.core.slots import SlotState
 from sage_plugin.core.tiers import TierChooser, parse_tiers
 from sage_plugin.models import draft_head_ids
@@ -44,6 +43,7 @@ from sage_plugin.models import draft_head_ids
 from .args import sage_config_of
 from .hooks import ACTIVE_SELECTION
 from .meta import SageRoundDevice
+from .selection import BeamSelection
 from .tiers import SageTierController, StepClock, TierSwitchLogFilter
 
 __all__ = ["BeamSelection", "SageDraftWorker", "SageEagleDraftWorker", "SageEagleWorkerV2", "SageWorkerV2"]
@@ -52,38 +52,6 @@ logger = logging.getLogger(__name__)
 
 #: metric counters kept on the device, in this order
 STAT_FIELDS = ("rounds", "alpha_sum", "depth_sum", "width_sum", "shaped_sum", "accept_sum")
-
-
-class BeamSelection:
-    """``organize_draft_results`` replacement for one draft worker: SAGE's choice of the verified nodes.
-
-    ``depth``/``width``/``first`` are persistent ``[max_bs]`` buffers written by :meth:`SageDraftWorker.draft`; a call
-    reads the first ``bs`` rows (the batch's, in row order).
-    """
-
-    def __init__(self, cfg: SageConfig, topk: int, max_bs: int, device: torch.device | str) -> None:
-        self.cfg, self.topk = cfg, topk
-        self.depth = torch.ones(max_bs, dtype=torch.int64, device=device)
-        self.width = torch.ones(max_bs, dtype=torch.int64, device=device)
-        self.shaped = torch.zeros(max_bs, dtype=torch.int64, device=device)
-        self.first = torch.zeros(max_bs, dtype=torch.bool, device=device)  # first round: the static tree
-
-    def __call__(self, score_list, token_list, parents_list, num_draft_token: int):
-        """Same contract as SGLang's ``organize_draft_results``: ``(parent_list, top_scores_index, draft_tokens)``."""
-        scores = torch.cat(score_list, dim=1).flatten(1)
-        tokens = torch.cat(token_list, dim=1)
-        bs = scores.shape[0]
-        if len(parents_list) > 1:
-            parent_list = torch.cat(parents_list[:-1], dim=1)
-            beam_parents = parent_list
-        else:  # one step: every candidate is a child of the root
-            parent_list = torch.empty(bs, 0, dtype=torch.long, device=scores.device)
-            beam_parents = parents_list[0][:, :1]
-        cands = eagle_beam_candidates(scores, beam_parents, self.topk)
-        static_first = self.first[:bs] if self.cfg.first_round_static else None
-        sel = select_shaped(cands, self.depth[:bs], self.width[:bs], num_draft_token - 1, self.cfg, static_first)
-        self.shaped[:bs].copy_(sel.shaped)
-        return parent_list, sel.index, tokens.gather(1, sel.index)
 
 
 class SageDraftMixin(EagleDraftWorkerBase):
@@ -123,9 +91,7 @@ class SageDraftMixin(EagleDraftWorkerBase):
         bs = spec.topk_p.shape[0]
         shape = self.sage_slots.plan(batch.req_pool_indices, spec.topk_p)
         sel = self.sage_selection
-        sel.depth[:bs].copy_(shape.depth)
-        sel.width[:bs].copy_(shape.width)
-        sel.first[:bs].copy_(shape.first_round)
+        sel.load(shape)
         token = ACTIVE_SELECTION.set(sel)
         try:
             out = super().draft(batch, with_topology=with_topology)

@@ -1,0 +1,456 @@
+"""The SGLang worker's per-step SAGE path is CUDA-graph-safe and sync-free, proved on the CPU.
+
+The per-step path of the SAGE worker (``sage_plugin/runtimes/sglang/worker.py``; its selection is the real
+:class:`~sage_plugin.runtimes.sglang.selection.BeamSelection`, which imports no SGLang): a prefill resets its slots (:meth:`SlotState.reset`); a decode step plans every request's round
+(:meth:`SlotState.plan`) and writes D, W and the first-round flag into persistent ``[max_bs]`` buffers, the draft
+step (the part SGLang captures in a CUDA graph) turns SGLang's ``score_list`` / ``token_list`` / ``parents_list``
+into the beam's candidates (:func:`eagle_beam_candidates`) and chooses the verified nodes from the buffers
+(:func:`select_shaped`), and the accept lengths feed the slots' history (:meth:`SlotState.observe`).  The inputs
+are built as SGLang 0.5.23's draft loop builds them (``select_top_k_tokens``): top-``t`` of random draft
+distributions, ``t = 4``, 1-6 steps, batch 1-8.
+
+What is proved:
+
+* no device -> host read and no data-dependent shape (:func:`graph_safe`, a ``TorchDispatchMode``): every aten op
+  of the path is checked; ``aten._local_scalar_dense`` (``.item()``, ``int(t)``, ``if t:``), ``aten.equal``, the ops
+  torch tags ``data_dependent_output`` / ``dynamic_output_shape`` (``nonzero``, ``masked_select``, the ``unique``
+  family, ``repeat_interleave`` without ``output_size``, ...) and boolean-mask indexing (``aten.index.Tensor`` or
+  ``index_put`` with a bool index) raise, so do a tensor built from host data inside the step (``torch.tensor(list)``:
+  on a GPU a synchronous host -> device copy, refused during CUDA graph capture) and any op whose tensors sit on more
+  than one device; ``Tensor.tolist`` / ``numpy``, which read CPU memory without the dispatcher, raise too;
+* no stray CPU tensor: the same path under ``FakeTensorMode`` with every input and the slot state on ``cuda``
+  (fake tensors: no GPU needed) keeps every result on ``cuda`` with the static shape and dtype the buffers expect;
+* nothing of the capture-time values is baked into a graph and the state is only mutated in place: the reset, and
+  the decode step (plan, buffers, selection, observe) as a function of its tensors (inputs, slot state, buffers),
+  are captured with ``make_fx`` and replayed over several rounds with new slot ids, probabilities and accept
+  lengths; every output and every state and buffer tensor equals an eager run's, round after round.
+
+What only a GPU can check: a real ``torch.cuda.graph`` capture and replay of SGLang's draft step (its memory pool,
+the persistent buffers' addresses, SGLang's batch padding), that the CUDA kernels behind ``sort`` / ``topk`` /
+``scatter`` launch without an internal host sync, streams and the overlap scheduler, and NCCL under tensor
+parallelism (``tests/integration/sglang``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from sage_plugin.config import SageConfig
+from sage_plugin.core.budgeted import eagle_beam_candidates
+from sage_plugin.core.controller import HistoryState
+from sage_plugin.core.slots import SlotState
+from sage_plugin.runtimes.sglang.selection import BeamSelection
+
+# fake "cuda" tensors query the CUDA runtime once; a driver older than torch's build only warns
+pytestmark = pytest.mark.filterwarnings("ignore:CUDA initialization:UserWarning")
+aten = torch.ops.aten
+TOPK = 4  # --speculative-eagle-topk
+VOCAB = 32
+MAX_BS = 8
+NUM_SLOTS = 2 * MAX_BS + 1  # SGLang: req_to_token_pool.size + 1
+#: the brief's small SGLang config and the paper defaults (first round: the static mc_sim_7b_63 tree, ranks <= 3)
+SMALL = SageConfig(k=4, d_min=2, d_max=4, d_cap=6, w_min=1, w_max=4, n_max=11, first_round_static=False)
+DEFAULTS = SageConfig()
+SWITCHES = dict(
+    alpha_source=("lag1", "fresh"),
+    use_history=(True, False),
+    use_entropy=(True, False),
+    history_mode=("absolute", "relative"),
+    history_tau=("drafts", "drafts_plus_bonus"),
+    history_cooldown=("full_window", "none"),
+    first_round_static=(True, False),
+    parent_prob=("conditional", "joint"),
+    threshold_on=("conditional", "joint"),
+    prob_space=("full", "topk"),
+    rounding=("half_up", "ceil", "floor"),
+    clamp_level_width=(True, False),
+    keep_top1=(True, False),
+    budget_order=("best_first", "parent_order"),
+)
+
+
+# -- the guard ----------------------------------------------------------------------------------------------------
+class GraphUnsafe(AssertionError):
+    """An op a captured CUDA graph cannot hold, or would replay with values frozen at capture."""
+
+
+_HOST_READS = {aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default}
+_HOST_DATA = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
+_INDEXING = {
+    aten.index.Tensor,
+    aten.index_put.default,
+    aten.index_put_.default,
+    aten._index_put_impl_.default,
+    aten._unsafe_index.Tensor,
+}
+_DATA_TAGS = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
+
+
+def _problem(func, args, kwargs) -> str | None:
+    """Why ``func(*args, **kwargs)`` cannot be in the per-step path, or None."""
+    if func in _HOST_READS:
+        return "reads a device value on the host"
+    if func in _HOST_DATA:
+        return "builds a tensor from host data (a host -> device copy per step, or a value frozen at capture)"
+    if func in _INDEXING:
+        masks = [i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)]
+        return "indexes with a boolean mask (output shape depends on the data)" if masks else None
+    if func is aten.repeat_interleave.Tensor:
+        return None if kwargs.get("output_size") is not None else "repeat_interleave without output_size"
+    if func is aten.one_hot.default:
+        return None if (args[1] if len(args) > 1 else kwargs.get("num_classes", -1)) >= 0 else "one_hot sizes by max"
+    if any(tag in func.tags for tag in _DATA_TAGS):
+        return "output shape or value depends on tensor data"
+    return None
+
+
+class GraphSafetyMode(TorchDispatchMode):
+    """Raises :class:`GraphUnsafe` on any op of :func:`_problem` or whose tensors span devices; records the ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        why = _problem(func, args, kwargs)
+        if why is not None:
+            raise GraphUnsafe(f"{func}: {why}")
+        out = func(*args, **kwargs)
+        devices = {t.device for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)}
+        if len(devices) > 1:
+            # a copy between host and device, or a CPU scalar read at launch (a graph would freeze its value)
+            raise GraphUnsafe(f"{func}: mixes devices {sorted(map(str, devices))}")
+        self.ops.add(func.overloadpacket.__name__)
+        return out
+
+
+@contextlib.contextmanager
+def graph_safe():
+    """:class:`GraphSafetyMode`, plus ``Tensor.tolist`` / ``numpy`` / ``__array__`` (which bypass the dispatcher)."""
+    names = ("tolist", "numpy", "__array__")
+    saved = {n: getattr(torch.Tensor, n) for n in names}
+
+    def refuse(*_, **__):
+        raise GraphUnsafe("reads a tensor's values on the host (Tensor.tolist / numpy)")
+
+    mode = GraphSafetyMode()
+    try:
+        for n in names:
+            setattr(torch.Tensor, n, refuse)
+        with mode:
+            yield mode
+    finally:
+        for n, fn in saved.items():
+            setattr(torch.Tensor, n, fn)
+
+
+# -- SGLang's inputs and the worker's per-step path, mirrored ------------------------------------------------------
+@dataclass
+class Beam:
+    """One draft step's inputs as SGLang 0.5.23 builds them (``EagleDraftWorker.draft_forward``)."""
+
+    root: torch.Tensor  # spec.topk_p [B, t]: the root's top-t draft probabilities, descending
+    score_list: list[torch.Tensor]  # [B, 1, t], then [B, t, t] per later step
+    token_list: list[torch.Tensor]  # [B, t], then [B, t * t]
+    parents_list: list[torch.Tensor]  # [B, t + 1], then [B, t]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.root, *self.score_list, *self.token_list, *self.parents_list]
+
+    @staticmethod
+    def of(tensors: list[torch.Tensor], steps: int) -> "Beam":
+        return Beam(tensors[0], tensors[1 : 1 + steps], tensors[1 + steps : 1 + 2 * steps], tensors[1 + 2 * steps :])
+
+
+def sglang_beam(bsz: int, steps: int, *, gen: torch.Generator | None = None, device: str = "cpu") -> Beam:
+    """``steps`` draft steps of a ``TOPK``-wide beam over random draft distributions (``select_top_k_tokens``);
+    each request's distributions have their own sharpness, so confidence (and D, W) differ between requests."""
+    sharp = torch.rand(bsz, generator=gen, device=device) * 6.0 + 0.2
+
+    def draft(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # one draft forward: top-t (p, token)
+        logits = torch.randn(rows.shape[0], VOCAB, generator=gen, device=device) * rows[:, None]
+        return torch.topk(torch.softmax(logits, -1), TOPK, dim=-1)
+
+    topk_p, topk_index = draft(sharp)
+    beam = Beam(topk_p, [topk_p.unsqueeze(1)], [topk_index], [torch.arange(-1, TOPK, device=device).expand(bsz, -1)])
+    scores = topk_p
+    for i in range(1, steps):
+        topk_p, topk_index = draft(sharp.repeat_interleave(TOPK))
+        expand_scores = scores.unsqueeze(2) * topk_p.view(-1, TOPK, TOPK)
+        scores, cs_index = torch.topk(expand_scores.flatten(start_dim=1), TOPK, dim=-1)
+        beam.score_list.append(expand_scores)
+        beam.token_list.append(topk_index.view(-1, TOPK * TOPK))
+        beam.parents_list.append(cs_index + (TOPK * TOPK * (i - 1) + TOPK))
+    return beam
+
+
+def n_select(cfg: SageConfig, steps: int) -> int:
+    """``--speculative-num-draft-tokens - 1`` as the SGLang adapter derives it (``args.spec_sizes``)."""
+    return min(cfg.max_tree_nodes, TOPK + (steps - 1) * TOPK * TOPK)
+
+
+def new_selection(cfg: SageConfig, device: str = "cpu") -> BeamSelection:
+    """The worker's :class:`BeamSelection` (persistent ``[max_bs]`` buffers: depth, width, shaped, first)."""
+    return BeamSelection(cfg, TOPK, MAX_BS, device)
+
+
+def selection_buffers(sel: BeamSelection) -> list[torch.Tensor]:
+    return [sel.depth, sel.width, sel.shaped, sel.first]
+
+
+def bind_selection(template: BeamSelection, tensors: list[torch.Tensor]) -> BeamSelection:
+    """A BeamSelection whose buffers are ``tensors`` (a captured graph's inputs)."""
+    sel = copy.copy(template)
+    sel.depth, sel.width, sel.shaped, sel.first = tensors
+    return sel
+
+
+def decode_step(state: SlotState, sel: BeamSelection, slots, beam: Beam, accept_lens, num_draft_token):
+    """One decode step of the SAGE worker (``SageDraftMixin.draft`` and ``SageWorkerMixin``): plan, load the plan
+    into the selection's buffers, the draft step's selection (``organize_draft_results``), observe."""
+    shape = state.plan(slots, beam.root)
+    sel.load(shape)
+    parent_list, index, draft_tokens = sel(beam.score_list, beam.token_list, beam.parents_list, num_draft_token)
+    state.observe(slots, accept_lens)
+    return shape.alpha, shape.depth, shape.width, shape.first_round, parent_list, index, draft_tokens
+
+
+def state_tensors(state: SlotState) -> list[torch.Tensor]:
+    return [state.alpha, state.first_round, *(getattr(state.history, f) for f in HistoryState.__slots__)]
+
+
+def bind(template: SlotState, tensors: list[torch.Tensor]) -> SlotState:
+    """A SlotState whose state tensors are ``tensors`` (a captured graph's inputs)."""
+    state = copy.copy(template)
+    state.alpha, state.first_round = tensors[:2]
+    state.history = HistoryState(*tensors[2:])
+    return state
+
+
+def random_round(gen: torch.Generator, bsz: int, steps: int, pool: torch.Tensor):
+    """A decode step's batch: distinct slot ids from ``pool``, SGLang's beam, accept lengths in [1, steps + 1]."""
+    slots = pool[torch.randperm(pool.shape[0], generator=gen)[:bsz]]
+    return slots, sglang_beam(bsz, steps, gen=gen), torch.randint(1, steps + 2, (bsz,), generator=gen)
+
+
+def assert_is_beam_tree(index: torch.Tensor, beam: Beam) -> None:
+    """Ascending distinct candidates whose parents are selected too (the tree SGLang's verify builds)."""
+    scores = torch.cat(beam.score_list, dim=1).flatten(1)
+    parents = beam.parents_list[0][:, :1] if len(beam.parents_list) == 1 else torch.cat(beam.parents_list[:-1], 1)
+    parent = eagle_beam_candidates(scores, parents, TOPK).parent.gather(1, index)
+    assert bool((index[:, 1:] > index[:, :-1]).all()) and bool((index >= 0).all())
+    assert bool((index < scores.shape[1]).all())
+    assert bool(((parent == -1) | (parent[:, :, None] == index[:, None, :]).any(-1)).all())
+
+
+# -- (a) no sync, no data-dependent shape ---------------------------------------------------------------------------
+@st.composite
+def configs(draw):
+    base = draw(st.sampled_from([SMALL, DEFAULTS]))
+    changes = {k: draw(st.sampled_from(v)) for k, v in SWITCHES.items()}
+    return base.replace(**changes, history_window=draw(st.integers(1, 3)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(cfg=configs(), bsz=st.integers(1, MAX_BS), steps=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_per_step_path_has_no_host_sync_and_static_shapes(cfg, bsz, steps, seed):
+    gen = torch.Generator().manual_seed(seed)
+    state, sel = SlotState(cfg, NUM_SLOTS), new_selection(cfg)
+    rounds = [random_round(gen, bsz, steps, torch.arange(NUM_SLOTS)) for _ in range(4)]
+    resets = [slots[: (bsz + 1) // 2] if r % 2 == 0 else slots[:0] for r, (slots, _, _) in enumerate(rounds)]
+    outs = []
+    with graph_safe() as mode:
+        for (slots, beam, accept), fresh in zip(rounds, resets):
+            if fresh.numel():  # prefills take over some slots
+                state.reset(fresh)
+            outs.append(decode_step(state, sel, slots, beam, accept, n_select(cfg, steps) + 1))
+    assert {"index_copy_", "index_fill_", "topk", "sort", "gather", "scatter_add_"} <= mode.ops
+    observed = set()  # slots that finished a round since their reset
+    for (slots, beam, _), fresh, (alpha, depth, width, first, _, index, tokens) in zip(rounds, resets, outs):
+        assert index.shape == tokens.shape == (bsz, n_select(cfg, steps))
+        assert_is_beam_tree(index, beam)
+        assert torch.equal(tokens, torch.cat(beam.token_list, 1).gather(1, index))
+        assert bool(((depth >= 1) & (width >= 1) & (width <= TOPK)).all())
+        assert bool(((alpha >= 0) & (alpha <= 1)).all())
+        observed -= set(fresh.tolist())
+        assert first.tolist() == [cfg.first_round_static and s not in observed for s in slots.tolist()]
+        observed |= set(slots.tolist())
+
+
+HOST_READ, DATA_SHAPE, MASK, HOST_DATA = "on the host", "depends on tensor data", "boolean mask", "host data"
+GUARD_CASES = {
+    "item": (lambda x, m: x[0].item(), HOST_READ),
+    "if tensor": (lambda x, m: 1 if x.sum() else 0, HOST_READ),
+    "int()": (lambda x, m: int(x[0]), HOST_READ),
+    "tolist": (lambda x, m: x.tolist(), HOST_READ),
+    "numpy": (lambda x, m: x.numpy(), HOST_READ),
+    "equal": (lambda x, m: torch.equal(x, x), HOST_READ),
+    "nonzero": (lambda x, m: torch.nonzero(m), DATA_SHAPE),
+    "where(mask)": (lambda x, m: torch.where(m), DATA_SHAPE),
+    "masked_select": (lambda x, m: torch.masked_select(x, m), DATA_SHAPE),
+    "unique": (lambda x, m: torch.unique(x), DATA_SHAPE),
+    "unique_consecutive": (lambda x, m: torch.unique_consecutive(x), DATA_SHAPE),
+    "bincount": (lambda x, m: torch.bincount(x), DATA_SHAPE),
+    "repeat_interleave": (lambda x, m: torch.repeat_interleave(x, x), "output_size"),
+    "mask index": (lambda x, m: x[m], MASK),
+    "mask assign": (lambda x, m: x.clone().index_put_((m,), x[:1]), MASK),
+    "torch.tensor": (lambda x, m: x + torch.tensor([1, 2, 3, 4]), HOST_DATA),
+}
+
+
+@pytest.mark.parametrize("name", GUARD_CASES)
+def test_the_guard_refuses_each_kind_of_sync(name):
+    x, m = torch.tensor([3, 1, 2, 2]), torch.tensor([True, False, True, False])
+    fn, reason = GUARD_CASES[name]
+    with pytest.raises(GraphUnsafe, match=reason), graph_safe():
+        fn(x, m)
+
+
+def test_the_guard_lets_static_indexing_through_and_catches_device_moves():
+    x, idx = torch.arange(8), torch.tensor([5, 1])
+    with graph_safe() as mode:
+        got = (x[idx], x.index_select(0, idx), torch.repeat_interleave(idx, idx, output_size=6), x.sort().values)
+    assert got[0].tolist() == got[1].tolist() == [5, 1] and got[2].tolist() == [5] * 5 + [1]
+    assert {"index", "index_select", "repeat_interleave", "sort"} <= mode.ops
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        y = torch.zeros(4, device="cuda")
+        for move in (lambda: y.cpu(), lambda: torch.tensor([1.0], device="cuda"), lambda: torch.ones(4).to(y)):
+            with pytest.raises(GraphUnsafe, match="mixes devices|host data"), graph_safe():
+                move()
+
+
+# -- (b) everything on the device -------------------------------------------------------------------------------
+@settings(max_examples=12, deadline=None)
+@given(cfg=configs(), bsz=st.integers(1, MAX_BS), steps=st.integers(1, 6))
+def test_per_step_path_on_fake_cuda_keeps_every_tensor_on_the_device(cfg, bsz, steps):
+    n = n_select(cfg, steps)
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        state, sel = SlotState(cfg, NUM_SLOTS, "cuda"), new_selection(cfg, "cuda")
+        buffers = selection_buffers(sel)
+        before = [(t.shape, t.dtype) for t in state_tensors(state) + buffers]
+        rounds = []
+        for _ in range(3):
+            slots = torch.randperm(NUM_SLOTS, device="cuda")[:bsz]
+            rounds.append((slots, sglang_beam(bsz, steps, device="cuda"), torch.randint(1, 5, (bsz,), device="cuda")))
+        with graph_safe():
+            state.reset(rounds[0][0])
+            outs = [decode_step(state, sel, *r, n + 1) for r in rounds]
+    expected = [
+        ((bsz,), torch.float32),
+        ((bsz,), torch.int64),
+        ((bsz,), torch.int64),
+        ((bsz,), torch.bool),
+        ((bsz, 0 if steps == 1 else 1 + (steps - 1) * TOPK), torch.int64),
+        ((bsz, n), torch.int64),
+        ((bsz, n), torch.int64),
+    ]
+    for out in outs:
+        assert [(tuple(t.shape), t.dtype) for t in out] == expected
+    after = state_tensors(state) + selection_buffers(sel)
+    assert [(t.shape, t.dtype) for t in after] == before
+    for t in [*after, *(t for out in outs for t in out)]:
+        assert isinstance(t, FakeTensor) and t.device.type == "cuda"
+
+
+# -- (c) captured graphs replay with new inputs --------------------------------------------------------------------
+GRAPH_CASES = {
+    "small": (SMALL.replace(history_window=2), 4, 4),
+    "defaults": (DEFAULTS, 3, 6),
+    "small-static-relative": (
+        SMALL.replace(
+            first_round_static=True,
+            history_window=2,
+            history_mode="relative",
+            history_cooldown="none",
+            alpha_source="fresh",
+            history_tau="drafts_plus_bonus",
+            prob_space="topk",
+            threshold_on="joint",
+        ),
+        8,
+        3,
+    ),
+    "small-parent-order": (SMALL.replace(budget_order="parent_order", parent_prob="joint", rounding="ceil"), 1, 5),
+}
+RESETS = 1  # slots a prefill resets in the captured reset graph
+
+
+def slot_pool(bsz: int, first: int) -> torch.Tensor:
+    """``bsz + 1`` consecutive slot ids from ``first``: every round but one slot, so requests come back."""
+    return torch.arange(first, first + bsz + 1)
+
+
+@functools.cache
+def captured(case: str):
+    """``(reset graph, decode-step graph)`` of a case, captured with ``make_fx`` on a fresh state."""
+    cfg, bsz, steps = GRAPH_CASES[case]
+    template, num_draft = SlotState(cfg, NUM_SLOTS), n_select(cfg, steps) + 1
+    sel_template = new_selection(cfg)
+    n_state, n_beam = len(state_tensors(template)), len(sglang_beam(bsz, steps).tensors())
+
+    def reset(slots, *state):
+        bind(template, list(state)).reset(slots)
+        return state
+
+    def step(slots, accept_lens, *rest):
+        beam = Beam.of(list(rest[:n_beam]), steps)
+        state = bind(template, list(rest[n_beam : n_beam + n_state]))
+        sel = bind_selection(sel_template, list(rest[n_beam + n_state :]))
+        return decode_step(state, sel, slots, beam, accept_lens, num_draft)
+
+    gen = torch.Generator().manual_seed(0)
+    slots, beam, accept = random_round(gen, bsz, steps, slot_pool(bsz, NUM_SLOTS - bsz - 1))  # the top slots
+    reset_graph = make_fx(reset)(slots[:RESETS], *state_tensors(SlotState(cfg, NUM_SLOTS)))
+    step_graph = make_fx(step)(
+        slots,
+        accept,
+        *beam.tensors(),
+        *state_tensors(SlotState(cfg, NUM_SLOTS)),
+        *selection_buffers(new_selection(cfg)),
+    )
+    for graph in (reset_graph, step_graph):
+        targets = {n.target for n in graph.graph.nodes if n.op == "call_function"}
+        assert not targets & (_HOST_READS | _HOST_DATA), targets & (_HOST_READS | _HOST_DATA)
+    return reset_graph, step_graph
+
+
+@pytest.mark.parametrize("case", GRAPH_CASES)
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 2**16), first_slot=st.integers(0, NUM_SLOTS - MAX_BS - 1))
+def test_captured_step_replays_with_new_inputs_like_eager(case, seed, first_slot):
+    cfg, bsz, steps = GRAPH_CASES[case]
+    reset_graph, step_graph = captured(case)
+    gen = torch.Generator().manual_seed(seed)
+    eager, eager_sel = SlotState(cfg, NUM_SLOTS), new_selection(cfg)
+    eager_buffers = selection_buffers(eager_sel)
+    replay, replay_buffers = [t.clone() for t in state_tensors(eager)], selection_buffers(new_selection(cfg))
+    num_draft = n_select(cfg, steps) + 1
+    seen_index, seen_alpha = set(), set()  # selections, and the slots' alphas (lag1: the next round's)
+    for r in range(8):
+        slots, beam, accept = random_round(gen, bsz, steps, slot_pool(bsz, first_slot))
+        if r % 3 == 0:
+            eager.reset(slots[:RESETS])
+            reset_graph(slots[:RESETS], *replay)
+        want = decode_step(eager, eager_sel, slots, beam, accept, num_draft)
+        got = step_graph(slots, accept, *beam.tensors(), *replay, *replay_buffers)
+        assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want)), f"round {r}"
+        for g, w in zip(replay + replay_buffers, state_tensors(eager) + eager_buffers):
+            assert torch.equal(g, w), f"state after round {r}"
+        seen_index.add(tuple(want[5].flatten().tolist()))
+        seen_alpha.add(tuple(eager.alpha.tolist()))
+    # the rounds differ, so values frozen at capture would have shown, and a slot's history ran over rounds
+    assert len(seen_index) > 1 and len(seen_alpha) > 1
+    assert int(eager.history.count.max()) >= 2
