@@ -10,8 +10,9 @@ verified); the tier only bounds it.
 tensor-parallel rank running the same schedule picks the same tier with no communication and no device sync):
 
 * the batch size;
-* each tier's measured step cost at that batch size (seconds; an exponential moving average of the runtime's own
-  step timings, which the runtime reports with :meth:`TierChooser.record_cost`), plus the runtime's per-step
+* each tier's measured step cost at that batch size (seconds; the low median of the runtime's last ``cost_window``
+  step timings, which the runtime reports with :meth:`TierChooser.record_cost`: robust to the cold first steps of a
+  tier, which on the 2-core CPU cost 4-6x a warm one, and to a slow step now and then), plus the runtime's per-step
   overhead outside the forward passes (scheduling, result processing: :meth:`TierChooser.record_overhead`), which
   every tier pays once per step;
 * each tier's expected tokens per request per step (1 + the mean accepted drafts, an exponential moving average
@@ -33,6 +34,7 @@ Worked example (two tiers, batch 1)::
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -64,16 +66,20 @@ class TierChooser:
     Args:
         tiers: the tiers, at least one.
         probe_every: steps between re-measurements of a non-chosen tier (0: never re-measure).
-        smoothing: weight of a new sample in the moving averages, in (0, 1].
+        smoothing: weight of a new sample in the moving averages (acceptance, overhead), in (0, 1].
+        cost_window: step timings kept per tier and batch size (the cost is their low median).
     """
 
-    def __init__(self, tiers: Sequence[Tier], probe_every: int = 16, smoothing: float = 0.2) -> None:
+    def __init__(
+        self, tiers: Sequence[Tier], probe_every: int = 16, smoothing: float = 0.2, cost_window: int = 9
+    ) -> None:
         if not tiers:
             raise ValueError("at least one tier")
         self.tiers = tuple(sorted(set(tiers)))
         self.probe_every = probe_every
         self.smoothing = smoothing
-        self._cost: dict[tuple[Tier, int], float] = {}
+        self.cost_window = cost_window
+        self._cost: dict[tuple[Tier, int], deque[float]] = {}
         self._accepted: dict[Tier, float] = {t: 0.0 for t in self.tiers if t.off}
         self._last_used: dict[Tier, int] = {t: -1 for t in self.tiers}
         self._pending: deque[Tier] = deque(maxlen=8)  # a step whose feedback never comes cannot pile up
@@ -89,7 +95,8 @@ class TierChooser:
 
     def cost(self, tier: Tier, batch_size: int) -> float | None:
         """Measured seconds per step of ``tier`` at ``batch_size`` (None until measured)."""
-        return self._cost.get((tier, batch_size))
+        samples = self._cost.get((tier, batch_size))
+        return None if not samples else statistics.median_low(samples)
 
     def rate(self, tier: Tier, batch_size: int) -> float | None:
         """Expected tokens per second of the whole batch (None while either estimate is missing)."""
@@ -124,9 +131,7 @@ class TierChooser:
 
     def record_cost(self, tier: Tier, batch_size: int, seconds: float) -> None:
         """A measured step time of ``tier`` at ``batch_size``."""
-        key = (tier, batch_size)
-        old = self._cost.get(key)
-        self._cost[key] = seconds if old is None else old + self.smoothing * (seconds - old)
+        self._cost.setdefault((tier, batch_size), deque(maxlen=self.cost_window)).append(seconds)
 
     def record_overhead(self, seconds: float) -> None:
         """A measured gap between two consecutive decode steps (the runtime's work outside the forwards)."""
@@ -161,9 +166,9 @@ class TierChooser:
         out: dict[str, dict[str, float | None]] = {}
         for t in self.tiers:
             row: dict[str, float | None] = {"tokens": self.expected_tokens(t), "steps": self.steps_run[t]}
-            for (tt, bs), c in sorted(self._cost.items(), key=lambda kv: kv[0][1]):
+            for tt, bs in sorted(self._cost, key=lambda k: k[1]):
                 if tt == t:
-                    row[f"ms@{bs}"] = round(1000.0 * c, 2)
+                    row[f"ms@{bs}"] = round(1000.0 * self.cost(tt, bs), 2)
             out[f"{t.steps}:{t.draft_tokens}"] = row
         out["overhead"] = {"ms": None if self._overhead is None else round(1000.0 * self._overhead, 2)}
         return out

@@ -183,3 +183,18 @@ def test_summary_reports_steps_tokens_and_costs():
     summary = chooser.summary()
     assert summary["4:8"] == {"tokens": 2.0, "steps": 4 - summary["0:1"]["steps"], "ms@1": 100.0}
     assert summary["0:1"]["tokens"] == 1.0
+
+
+def test_a_cold_first_step_does_not_price_a_tier_out():
+    """The first steps of a tier are slow (allocations, first-shape kernels): the cost is the low median."""
+    chooser = TierChooser([OFF, BIG], probe_every=0)
+    chooser.record_cost(BIG, 1, 1.5)  # cold
+    assert chooser.cost(BIG, 1) == 1.5
+    chooser.record_cost(BIG, 1, 0.1)
+    assert chooser.cost(BIG, 1) == 0.1
+    for s in (0.12, 0.09, 0.11, 0.1):
+        chooser.record_cost(BIG, 1, s)
+    assert chooser.cost(BIG, 1) == 0.1
+    for _ in range(9):  # the window moves on: a slower regime replaces the old samples
+        chooser.record_cost(BIG, 1, 0.2)
+    assert chooser.cost(BIG, 1) == 0.2

@@ -177,22 +177,30 @@ class SageDraftWorker(SageDraftMixin, StandaloneDraftWorker):
 
     A draft trained with a restricted head (``sage_draft.json``, :func:`sage_plugin.models.draft_head_ids`: every
     other token shares one output row that is never its argmax) drafts over those rows only, as the reference engine
-    does: its head becomes :class:`DraftHeadRows` and SGLang's own hot-token map (the ``--speculative-token-map``
-    mechanism, ``hot_token_id``) turns the draft's top-k indices back into vocabulary ids.  On this project's draft
-    the head shrinks from 49,152 to 8,192 rows (the draft lm_head was 17% of a step at tier [4, 8] on the 2-core CPU).
+    does: SGLang's own hot-token map (the ``--speculative-token-map`` mechanism, ``hot_token_id``) is set from them,
+    the head becomes :class:`DraftHeadRows` and SGLang turns the draft's top-k indices back into vocabulary ids.  On
+    this project's draft the head shrinks from 49,152 to 8,192 rows (the draft lm_head was 17% of a step at tier
+    [4, 8] on the 2-core CPU).
     """
 
     __slots__ = ()
 
-    def init_sage(self, cfg: SageConfig) -> None:
-        super().init_sage(cfg)
-        ids = draft_head_ids(self.draft_runner.model_config.model_path)
-        if ids is None or getattr(self, "hot_token_id", None) is not None:
-            return  # a full head, or the operator's own --speculative-token-map
-        model = self.draft_runner.model
-        model.lm_head = DraftHeadRows(model.lm_head.weight, ids)  # a tied embedding keeps its own rows
-        self.hot_token_id = ids.to(model.lm_head.weight.device)
-        logger.info("SAGE: the draft drafts over its %d head tokens (sage_draft.json)", ids.numel())
+    def init_token_map(self) -> None:
+        """SGLang's (``--speculative-token-map``), else the draft's own head ids (SGLang calls this when it allocates
+        the draft's memory pool, after the worker is built)."""
+        super().init_token_map()
+        if self.hot_token_id is None:
+            ids = draft_head_ids(self.draft_runner.model_config.model_path)
+            if ids is not None:
+                self.hot_token_id = ids.to(self.device)
+                logger.info("SAGE: the draft drafts over its %d head tokens (sage_draft.json)", ids.numel())
+
+    def init_lm_head(self) -> None:
+        """Cut the draft's head to the hot tokens SGLang maps its top-k through (upstream's standalone worker keeps
+        the full head, which a token map would mis-index)."""
+        if self.hot_token_id is not None:
+            model = self.draft_runner.model
+            model.lm_head = DraftHeadRows(model.lm_head.weight, self.hot_token_id)  # a tied embedding keeps its rows
 
 
 class SageEagleDraftWorker(SageDraftMixin, EagleDraftWorker):
