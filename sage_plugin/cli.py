@@ -127,7 +127,8 @@ def _serving_parser(sub) -> None:
     p.add_argument("--libcuda-dir", default=".sglang-libcuda", help="where tools/setup_sglang.sh unpacked libcuda")
     p.add_argument("--log-dir", default="out/bench-serving", help="server logs")
     p.add_argument("--methods", default="plain,sage", help="comma list of plain, sage, standalone (SGLang's chain "
-                   "with the same draft), standalone-tree (SGLang's STANDALONE at SAGE's sizes)")  # fmt: skip
+                   "with the same draft), standalone-tree (SGLang's STANDALONE at SAGE's sizes), sage-single (SAGE without "
+                   "--sage-tiers)")  # fmt: skip
     p.add_argument("--json", default=None, help="write the report as JSON")
     p.add_argument("--plots", default=None, metavar="DIR", help="write serving_tok_s.png")
 

@@ -2,7 +2,8 @@
 
 One ``python -m sglang.launch_server`` process per ``--methods`` entry runs at once (each in its own process
 group, on 127.0.0.1), all on the same target and draft: ``plain`` (the SAGE config's flags minus the speculative
-ones), ``sage`` (the ``--config`` YAML), ``standalone`` (SGLang's STANDALONE chain with the same draft: 3 steps,
+ones), ``sage`` (the ``--config`` YAML), ``sage-single`` (the same without ``--sage-tiers``: SAGE at its one largest
+shape), ``standalone`` (SGLang's STANDALONE chain with the same draft: 3 steps,
 top-k 1, 4 tokens) and ``standalone-tree`` (STANDALONE at SAGE's own steps / top-k / verified tokens).  For each
 batch size B the same B prompts (bundled MT-Bench / GSM8K / HumanEval, the bundled image prompts, or a prompt file;
 chat template applied, images as base64 ``image_data``) are sent concurrently, greedy, ``max_new_tokens`` each, to
@@ -184,7 +185,7 @@ class _Side:
 
 
 #: ``--methods`` of ``sage bench-serving``: each a server on the same target (``plain`` is the reference).
-SERVING_METHODS = ("plain", "sage", "standalone", "standalone-tree")
+SERVING_METHODS = ("plain", "sage", "sage-single", "standalone", "standalone-tree")
 #: SGLang's own chain with the same draft: its STANDALONE defaults for a separate draft model.
 STANDALONE_CHAIN = {"speculative-num-steps": 3, "speculative-eagle-topk": 1, "speculative-num-draft-tokens": 4}
 _NEEDS_EAGLE3 = ("eagle3", "eagle3-adaptive", "sage-eagle3")
@@ -221,8 +222,9 @@ def method_args(method: str, config: Path, target: Path, draft: Path, sage_sizes
     model = ["--model-path", str(target)]
     if method == "plain":
         return [*model, *plain_flags(config)]
-    if method == "sage":
-        return ["--config", str(config), *model, "--speculative-draft-model-path", str(draft)]
+    if method in ("sage", "sage-single"):
+        argv = ["--config", str(config), *model, "--speculative-draft-model-path", str(draft)]
+        return argv + (["--sage-tiers", "[]"] if method == "sage-single" else [])  # one shape: the largest
     if method == "standalone-tree" and sage_sizes is None:
         raise ConfigError("--methods standalone-tree takes SAGE's sizes: list sage before it")
     sizes = STANDALONE_CHAIN if method == "standalone" else sage_sizes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from sage_plugin.bench.serving import (
     write_serving_plot,
 )
 from sage_plugin.config import ConfigError
+from sage_plugin.runtimes.sglang.args import SageCliArgs, add_sage_arguments, build_sage_config
 
 CPU_CONFIG = Path(__file__).resolve().parents[2] / "engine_configs" / "sglang" / "smollm2_cpu_sage.yaml"
 
@@ -73,6 +76,12 @@ def test_method_args_launch_sglangs_own_modes_with_the_same_draft():
     t, d = Path("/t"), Path("/d")
     assert method_args("plain", CPU_CONFIG, t, d, None) == ["--model-path", "/t", *plain_flags(CPU_CONFIG)]
     assert method_args("sage", CPU_CONFIG, t, d, None)[:2] == ["--config", str(CPU_CONFIG)]
+    single = method_args("sage-single", CPU_CONFIG, t, d, None)
+    assert single[:2] == ["--config", str(CPU_CONFIG)] and single[-2:] == ["--sage-tiers", "[]"]
+    parser = argparse.ArgumentParser()
+    add_sage_arguments(parser)
+    cli = SageCliArgs.from_namespace(parser.parse_args(["--sage-tiers", "[[0, 1], [4, 8]]", *single[-2:]]))
+    assert build_sage_config(cli).tiers == ()  # the last flag wins: no tiers
     chain = method_args("standalone", CPU_CONFIG, t, d, None)
     flags = dict(zip(chain, chain[1:]))
     assert flags["--speculative-algorithm"] == "STANDALONE" and flags["--speculative-draft-model-path"] == "/d"

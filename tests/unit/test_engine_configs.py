@@ -32,7 +32,11 @@ def test_sglang_config_is_a_valid_sage_launch(path):
     sage = {k: v for k, v in data.items() if k.startswith("sage-")}
     unknown = sorted(set(sage) - set(BY_FLAG))
     assert not unknown, f"not SAGE flags: {unknown}"
-    cfg = SageConfig.from_mapping({BY_FLAG[k].field: v for k, v in sage.items()})
+    # a list-valued flag may be written as its command-line JSON text (SGLang passes a string through to the parser)
+    values = {
+        k: BY_FLAG[k].parse(v) if isinstance(v, str) and BY_FLAG[k].kind == "paths" else v for k, v in sage.items()
+    }
+    cfg = SageConfig.from_mapping({BY_FLAG[k].field: v for k, v in values.items()})
     sizes = spec_sizes(
         cfg,
         topk=data.get("speculative-eagle-topk"),

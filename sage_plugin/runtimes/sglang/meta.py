@@ -13,9 +13,10 @@ Per decode round the SAGE worker attaches :class:`SageRoundDevice` (``[B, 4]``: 
 each row's plan); :class:`SageRoundHost` folds each request's row into running means.  A finished request's
 ``meta_info["sage"]`` then reads (SGLang's request-level format is a list with one entry)::
 
-    [{"rounds": 17, "mean_alpha": 0.41, "mean_depth": 2.6, "mean_width": 2.8, "mean_shaped_nodes": 7.4}]
+    [{"rounds": 17, "off_steps": 3, "mean_alpha": 0.41, "mean_depth": 2.6, "mean_width": 2.8, "mean_shaped_nodes": 7.4}]
 
-``rounds`` equals SGLang's own ``spec_verify_ct`` for the request.  Streaming requests carry no SAGE summary:
+``rounds`` counts the request's drafted rounds and ``off_steps`` its steps at the speculation-off tier
+(``--sage-tiers``), so ``rounds + off_steps`` equals SGLang's own ``spec_verify_ct`` for the request.  Streaming requests carry no SAGE summary:
 SGLang sends a request-level key only with a stream's first chunk, which comes before any round.
 """
 
@@ -34,15 +35,18 @@ META_KEY = "sage"
 ROUND_FIELDS = ("alpha", "depth", "width", "shaped_nodes")
 
 
-def update_summary(summary: dict[str, float] | None, row: Sequence[float]) -> dict[str, float]:
-    """Fold one round (``row`` in :data:`ROUND_FIELDS` order) into a request's running means.
+def update_summary(summary: dict[str, float] | None, row: Sequence[float] | None) -> dict[str, float]:
+    """Fold one round (``row`` in :data:`ROUND_FIELDS` order; None: a step at the off tier) into a request's means.
 
     >>> s = update_summary(None, [0.5, 4, 2, 7])
-    >>> update_summary(s, [0.3, 2, 4, 5])
-    {'rounds': 2, 'mean_alpha': 0.4, 'mean_depth': 3.0, 'mean_width': 3.0, 'mean_shaped_nodes': 6.0}
+    >>> update_summary(update_summary(s, None), [0.3, 2, 4, 5])
+    {'rounds': 2, 'off_steps': 1, 'mean_alpha': 0.4, 'mean_depth': 3.0, 'mean_width': 3.0, 'mean_shaped_nodes': 6.0}
     """
+    off = (summary or {}).get("off_steps", 0)
+    if row is None:
+        return {**(summary or {"rounds": 0}), "off_steps": off + 1}
     n = (summary or {}).get("rounds", 0) + 1
-    out: dict[str, float] = {"rounds": n}
+    out: dict[str, float] = {"rounds": n, "off_steps": off}
     for name, value in zip(ROUND_FIELDS, row):
         key = f"mean_{name}"
         prev = (summary or {}).get(key, 0.0)
@@ -55,10 +59,11 @@ class SageRoundHost:
     """Host copy of one round's plan; SGLang calls :meth:`consume` once the copy is complete."""
 
     stats: torch.Tensor  # [B, len(ROUND_FIELDS)] on the host
+    drafted: bool = True  # False: a step at the off tier (no plan; its rows are not read)
 
     def consume(self, batch: Any, commits: Sequence[Any]) -> None:
         """Fold each row into its request's ``customized_info["sage"]`` (rows with no committed token skip)."""
-        rows = self.stats.tolist()  # a host tensor: no device sync
+        rows = self.stats.tolist() if self.drafted else [None] * len(batch.reqs)  # a host tensor: no device sync
         for req, commit, row in zip(batch.reqs, commits, rows):
             if commit is None:
                 continue
@@ -71,12 +76,14 @@ class SageRoundHost:
 
 @dataclass(frozen=True)
 class SageRoundDevice:
-    """``DeviceAuxiliaryOutput`` of a SAGE decode step: ``stats [B, 4]`` (a fresh tensor, not a graph buffer)."""
+    """``DeviceAuxiliaryOutput`` of a SAGE decode step: ``stats [B, 4]`` (a fresh tensor, not a graph buffer);
+    ``drafted`` False for a step at the off tier (``stats`` is then ``[B, 0]``)."""
 
     stats: torch.Tensor
+    drafted: bool = True
 
     def copy_to_host(self, copy_tensor: Callable[[torch.Tensor], torch.Tensor]) -> SageRoundHost:
-        return SageRoundHost(copy_tensor(self.stats))
+        return SageRoundHost(copy_tensor(self.stats), self.drafted)
 
 
 def sage_streamer_class(base: type) -> type:

@@ -265,14 +265,16 @@ class SageWorkerMixin:
         if draft is not None and slots is not None and slots.numel() > 0 and not idle:
             if prefill:
                 draft.sage_reset(slots)
-            elif getattr(out, "accept_lens", None) is not None and draft.sage_round is not None:
-                draft.sage_observe(slots, out.accept_lens, history=informative)
+            elif getattr(out, "accept_lens", None) is not None:
+                if draft.sage_round is not None:
+                    draft.sage_observe(slots, out.accept_lens, history=informative)
+                    round_info = SageRoundDevice(draft.sage_round)
+                else:  # the off tier: nothing drafted, counted as an off step
+                    round_info = SageRoundDevice(out.accept_lens.new_empty(slots.shape[0], 0), drafted=False)
                 logits = getattr(out, "logits_output", None)
                 if logits is not None:
                     # per-request alpha/D/W for meta_info["sage"], copied with the step's tokens (meta.py)
-                    logits.auxiliary_device_output = append_auxiliary_output(
-                        logits.auxiliary_device_output, SageRoundDevice(draft.sage_round)
-                    )
+                    logits.auxiliary_device_output = append_auxiliary_output(logits.auxiliary_device_output, round_info)
         return out
 
 
