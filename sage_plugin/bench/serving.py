@@ -283,6 +283,7 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
     servers: dict[str, Server] = {}
     rows = []
     info: dict[str, Any] = {}
+    sage_state: dict[str, Any] = {}
     try:
         for m in methods:
             sizes = None
@@ -303,12 +304,15 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
                 for m in methods:
                     same[m] &= outs[m] == outs["plain"]
             rows += [_row(m, bs, sides[m], sides["plain"], same[m], repeats) for m in methods]
-        info = {m: servers[m].get("/server_info").get("speculative_algorithm") for m in methods}
+        states = {m: servers[m].get("/server_info") for m in methods}
+        info = {m: st.get("speculative_algorithm") for m, st in states.items()}
+        # SAGE servers' own state at the end (per tier: steps run, expected tokens, measured cost per batch size)
+        sage_state = {m: st["internal_states"][0].get("sage") for m, st in states.items() if m.startswith("sage")}
     finally:
         for server in servers.values():
             server.stop()
     return {"rows": rows, "algorithms": info, "methods": list(methods), "config": str(config), "target": str(target),
-            "draft": str(draft), "max_new_tokens": max_new_tokens}  # fmt: skip
+            "draft": str(draft), "max_new_tokens": max_new_tokens, "sage_state": sage_state}  # fmt: skip
 
 
 def format_table(report: dict[str, Any]) -> str:
