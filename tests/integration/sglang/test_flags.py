@@ -290,11 +290,11 @@ def test_every_sglang_engine_config_parses_in_sglang(yaml_path):
     args = prepare_server_args(["--config", str(yaml_path), *extra])
     assert args.speculative_algorithm.upper() == "SAGE"
     assert args.model_path == data.get("model-path", args.model_path)
-    cfg = sage_config_of(args)
+    values = sage_config_of(args).to_dict()  # list-valued fields as lists, as YAML writes them
     fields = {f.flag.removeprefix("--"): f.field for f in FLAGS}
     for key, value in data.items():
         if key.startswith("sage-"):
-            assert getattr(cfg, fields[key]) == value, key
+            assert values[fields[key]] == value, key
         else:
             assert getattr(args, key.replace("-", "_")) == value, key
 
@@ -307,6 +307,7 @@ def test_sglang_engine_config_through_sglangs_own_config_parser():
     assert args.speculative_algorithm.upper() == "SAGE" and args.device == "cpu"
     cfg = sage_config_of(args)
     assert (cfg.k, cfg.d_max, cfg.d_cap, cfg.n_max, cfg.first_round_static) == (4, 4, 6, 11, False)
+    assert cfg.tiers == ((0, 1), (3, 5), (4, 8), (6, 11))  # a YAML list of lists reaches the config
 
 
 # -- the draft checkpoint picks the variant ----------------------------------------------------------
