@@ -55,6 +55,19 @@ OTHER_VALUES: dict[str, list] = {
 }
 
 
+#: the open-point switches SAGE's selection inside a fixed beam reads (``core.budgeted.select_shaped``), each with its
+#: values (default first): the selection tests draw from them
+SELECTION_SWITCHES: dict[str, tuple] = dict(
+    parent_prob=("conditional", "joint"),
+    threshold_on=("conditional", "joint"),
+    prob_space=("full", "topk"),
+    rounding=("half_up", "ceil", "floor"),
+    clamp_level_width=(True, False),
+    keep_top1=(True, False),
+    budget_order=("best_first", "parent_order"),
+)
+
+
 def flag_value(value) -> list[str]:
     """The command-line spelling of a value (``--sage-*`` flags)."""
     if isinstance(value, bool):

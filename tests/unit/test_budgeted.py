@@ -11,15 +11,7 @@ from sage_plugin.config import SageConfig
 from sage_plugin.core.budgeted import eagle_beam_candidates, select_shaped
 from sage_plugin.core.reference import select_in_beam_ref
 
-SWITCHES = dict(
-    parent_prob=("conditional", "joint"),
-    threshold_on=("conditional", "joint"),
-    prob_space=("full", "topk"),
-    rounding=("half_up", "ceil", "floor"),
-    clamp_level_width=(True, False),
-    keep_top1=(True, False),
-    budget_order=("best_first", "parent_order"),
-)
+from .config_cases import SELECTION_SWITCHES as SWITCHES
 
 
 def _random_beam(draw, bsz: int, topk: int, steps: int):

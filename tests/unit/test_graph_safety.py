@@ -53,6 +53,8 @@ from sage_plugin.core.controller import HistoryState
 from sage_plugin.core.slots import SlotState
 from sage_plugin.runtimes.sglang.selection import BeamSelection
 
+from .config_cases import SELECTION_SWITCHES
+
 # fake "cuda" tensors query the CUDA runtime once; a driver older than torch's build only warns
 pytestmark = pytest.mark.filterwarnings("ignore:CUDA initialization:UserWarning")
 aten = torch.ops.aten
@@ -71,13 +73,7 @@ SWITCHES = dict(
     history_tau=("drafts", "drafts_plus_bonus"),
     history_cooldown=("full_window", "none"),
     first_round_static=(True, False),
-    parent_prob=("conditional", "joint"),
-    threshold_on=("conditional", "joint"),
-    prob_space=("full", "topk"),
-    rounding=("half_up", "ceil", "floor"),
-    clamp_level_width=(True, False),
-    keep_top1=(True, False),
-    budget_order=("best_first", "parent_order"),
+    **SELECTION_SWITCHES,
 )
 
 

@@ -108,7 +108,6 @@ class StepClock:
 
     def __init__(self, device: torch.device | str) -> None:
         self.cuda = torch.device(device).type == "cuda"
-        self._start = 0.0
         self._open: deque[tuple[Any, Any, Any]] = deque()
 
     def start(self) -> Any:
