@@ -60,6 +60,14 @@ def train_draft(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
+    if args.kind == "eagle3":
+        from .eagle3 import train_eagle3
+
+        for key, val in {"batch_size": 4, "steps": 2000, "gen_batch": 16, "eval_limit": 40}.items():
+            if getattr(args, key, None) is None:
+                setattr(args, key, val)
+        target_dir = Path(args.target) if args.target else ensure_smollm2()
+        return train_eagle3(args, target_dir, load_tokenizer(target_dir))
     out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     state = load_checkpoint(out, args)
@@ -100,6 +108,13 @@ def train_draft(args) -> int:
 def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``train-draft`` options to ``parser``.  "auto" defaults depend on the device (CPU: small)."""
     g = parser.add_argument_group("run")
+    g.add_argument(
+        "--kind",
+        default="draft",
+        choices=["draft", "eagle3"],
+        help="draft: a small standalone Llama (default); eagle3: an EAGLE-3 head on the target's hidden states"
+        " (CPU; flags of the 'eagle3 head' group)",
+    )
     g.add_argument(
         "--out",
         default=str(Path.home() / ".cache" / "sage_plugin" / "draft-train"),
@@ -186,6 +201,9 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="where the target's held-out continuations are cached (default ~/.cache/sage_plugin/eval_continuations)",
     )
+    from .eagle3 import add_eagle3_args
+
+    add_eagle3_args(parser)
     for a in parser._actions:
         if a.dest not in ("help",):
             ARG_DEFAULTS.setdefault(a.dest, a.default)

@@ -22,7 +22,7 @@ from .common import resolve_device
 from .data import HELD_OUT_DATASETS
 from .labels import greedy_generate, pad_and_eos
 
-__all__ = ["chain_tau", "evaluate_draft"]
+__all__ = ["chain_tau", "eval_cache_key", "heldout_continuations", "evaluate_draft"]
 
 _COUNTERS = ("hit", "n", "tokens", "steps", "prompts", "rare", "selfmatch")
 
@@ -50,10 +50,47 @@ def chain_tau(matches: Sequence[bool], chain: int = 4) -> tuple[int, int]:
     return tokens, steps
 
 
-def _eval_cache_key(target_dir: Path, gen_tokens: int) -> str:
+def eval_cache_key(target_dir: Path, gen_tokens: int) -> str:
     w = target_dir / "model.safetensors"
     sig = f"{target_dir.resolve()}|{w.stat().st_size if w.is_file() else 0}|{gen_tokens}"
     return hashlib.sha1(sig.encode()).hexdigest()[:16]
+
+
+def heldout_continuations(
+    target,
+    tok,
+    dataset: str,
+    *,
+    limit: int | None,
+    gen_tokens: int,
+    cache: Path,
+    key: str,
+    batch_size: int,
+    progress: bool = False,
+):
+    """(prompts, rendered prompt ids, {prompt id: target's greedy continuation}) of one held-out set, cached."""
+    prompts = load_prompts(dataset, limit=limit)
+    ids = [render_chat(tok, p) for p in prompts]
+    cpath = cache / f"{key}_{dataset}.pt"
+    conts: dict[str, list[int]] = torch.load(cpath, weights_only=True) if cpath.is_file() else {}
+    missing = [i for i, p in enumerate(prompts) if p.id not in conts]
+    if missing:
+        pad, eos = pad_and_eos(tok)
+        new = greedy_generate(
+            target,
+            [ids[i] for i in missing],
+            gen_tokens,
+            batch_size=batch_size,
+            pad_id=pad,
+            eos_id=eos,
+            device=next(target.parameters()).device,
+            progress=progress,
+            desc=f"target continuations {dataset}",
+        )
+        for i, c in zip(missing, new, strict=False):
+            conts[prompts[i].id] = c
+        torch.save(conts, cpath)
+    return prompts, ids, conts
 
 
 @torch.inference_mode()
@@ -89,31 +126,21 @@ def evaluate_draft(
         head_ids = head_ids.to(dev)
     cache = Path(cache_dir) if cache_dir else DEFAULT_CACHE_DIR / "eval_continuations"
     cache.mkdir(parents=True, exist_ok=True)
-    key = _eval_cache_key(target_dir, gen_tokens)
-    pad, eos = pad_and_eos(tok)
+    key = eval_cache_key(target_dir, gen_tokens)
     per: dict[str, dict] = {}
     tot = dict.fromkeys(_COUNTERS, 0)
     for ds in datasets:
-        prompts = load_prompts(ds, limit=limit)
-        ids = [render_chat(tok, p) for p in prompts]
-        cpath = cache / f"{key}_{ds}.pt"
-        conts: dict[str, list[int]] = torch.load(cpath, weights_only=True) if cpath.is_file() else {}
-        missing = [i for i, p in enumerate(prompts) if p.id not in conts]
-        if missing:
-            new = greedy_generate(
-                target,
-                [ids[i] for i in missing],
-                gen_tokens,
-                batch_size=batch_size,
-                pad_id=pad,
-                eos_id=eos,
-                device=dev,
-                progress=progress,
-                desc=f"target continuations {ds}",
-            )
-            for i, c in zip(missing, new, strict=False):
-                conts[prompts[i].id] = c
-            torch.save(conts, cpath)
+        prompts, ids, conts = heldout_continuations(
+            target,
+            tok,
+            ds,
+            limit=limit,
+            gen_tokens=gen_tokens,
+            cache=cache,
+            key=key,
+            batch_size=batch_size,
+            progress=progress,
+        )
         d = dict.fromkeys(_COUNTERS, 0)
         for p, pid in zip(prompts, ids, strict=False):
             cont = conts[p.id]

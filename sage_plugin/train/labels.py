@@ -34,6 +34,7 @@ __all__ = [
     "pad_and_eos",
     "greedy_generate",
     "label_windows",
+    "chat_generations",
     "build_labels",
     "LabelStore",
 ]
@@ -192,6 +193,39 @@ def _label_and_save(
     atomic_save({"input_ids": ids, "topk_ids": torch.cat(tops), "topk_logprobs": torch.cat(lps), "meta": meta}, path)
 
 
+def chat_generations(target: _LazyTarget, tokenizer, msgs: list[str], path: Path, args, stats: _Throughput) -> dict:
+    """The target's greedy answers to one shard of chat prompts, cached at ``path`` (``gen/gen_K.pt``).
+
+    Returns ``{"prompts": msgs, "sequences": [int32 prompt+answer ids]}``; a cached shard is reused only if it holds
+    exactly ``msgs``.  Uses ``args.gen_max_new_tokens`` and ``args.gen_batch``.
+    """
+    gen = torch.load(path, weights_only=True) if path.is_file() else None
+    if gen is not None and gen.get("prompts") == msgs:
+        return gen
+    ids = [
+        render_chat(tokenizer, Prompt(id=str(i), dataset="train", messages=({"role": "user", "content": m},)))
+        for i, m in enumerate(msgs)
+    ]
+    pad, eos = pad_and_eos(tokenizer)
+    t0 = time.time()
+    conts = greedy_generate(
+        target.get(),
+        ids,
+        args.gen_max_new_tokens,
+        batch_size=args.gen_batch,
+        pad_id=pad,
+        eos_id=eos,
+        device=target.device,
+    )
+    stats.add(sum(len(c) for c in conts), time.time() - t0)
+    gen = {
+        "prompts": msgs,
+        "sequences": [torch.tensor(p + c, dtype=torch.int32) for p, c in zip(ids, conts, strict=True)],
+    }
+    atomic_save(gen, path)
+    return gen
+
+
 def build_labels(args, tokenizer, target_dir: Path, out: Path, device: torch.device) -> dict:
     """Stage 1: generate chat data and label all windows (resumable, idempotent).  Returns statistics."""
     label_dir, gen_dir = out / "labels", out / "gen"
@@ -242,31 +276,7 @@ def build_labels(args, tokenizer, target_dir: Path, out: Path, device: torch.dev
             lbar = progress_bar(total=0, disable=True)
             for k, want in todo:
                 msgs = prompts[k * GEN_SHARD_PROMPTS : k * GEN_SHARD_PROMPTS + want]
-                gpath = gen_dir / f"gen_{k:05d}.pt"
-                gen = torch.load(gpath, weights_only=True) if gpath.is_file() else None
-                if gen is None or gen.get("prompts") != msgs:
-                    ids = [
-                        render_chat(
-                            tokenizer, Prompt(id=str(i), dataset="train", messages=({"role": "user", "content": m},))
-                        )
-                        for i, m in enumerate(msgs)
-                    ]
-                    t0 = time.time()
-                    conts = greedy_generate(
-                        target.get(),
-                        ids,
-                        args.gen_max_new_tokens,
-                        batch_size=args.gen_batch,
-                        pad_id=pad,
-                        eos_id=eos,
-                        device=device,
-                    )
-                    stats["gen"].add(sum(len(c) for c in conts), time.time() - t0)
-                    gen = {
-                        "prompts": msgs,
-                        "sequences": [torch.tensor(p + c, dtype=torch.int32) for p, c in zip(ids, conts, strict=False)],
-                    }
-                    atomic_save(gen, gpath)
+                gen = chat_generations(target, tokenizer, msgs, gen_dir / f"gen_{k:05d}.pt", args, stats["gen"])
                 windows = _cyclic_windows([s.tolist() for s in gen["sequences"]], args.seq_len)
                 _label_and_save(
                     target,

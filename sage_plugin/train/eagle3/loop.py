@@ -1,0 +1,175 @@
+"""``sage train-draft --kind eagle3``: generate, extract features, train (resumable), export and evaluate a head.
+
+Stages, each resumable in ``--out``:
+
+1. **Answers** (``gen/gen_K.pt``): the target's greedy answers to the offline chat prompts, 64 per shard
+   (:func:`sage_plugin.train.labels.chat_generations`, shared with the standalone draft's label stage).
+   ``--gen-shards`` picks how many shards; the instruction-category shards (prompt index >= 3,072) come two in three.
+2. **Features** (``feat/feat_K.pt``, :mod:`.data`): captured target layers and top-k labels for each sequence.
+3. **Train** (``eagle3_ckpt.pt`` every ``--ckpt-every`` steps; ``--resume`` continues it): AdamW over the
+   training-time-test loss (:func:`.loss.ttt_loss`), ``--ttt-steps`` unrolled draft steps.
+4. **Export** (``OUT/head``, :mod:`.export`) in SGLang's ``LlamaForCausalLMEagle3`` format and **evaluate** on the
+   held-out MT-Bench + HumanEval continuations (top-1 agreement, chain tau).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from sage_plugin.data.prompts import Prompt, render_chat
+
+from ..common import atomic_save, progress_bar
+from ..data import chat_prompts
+from ..labels import GEN_SHARD_PROMPTS, _LazyTarget, _Throughput, chat_generations
+from .data import FeatureStore, build_feature_shard
+from .loss import target_to_draft, ttt_loss
+from .model import Eagle3Head, Eagle3Shape
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CKPT", "shard_order", "prepare_features", "make_head", "train_head"]
+
+CKPT = "eagle3_ckpt.pt"
+_INSTRUCTION_SHARD = 3072 // GEN_SHARD_PROMPTS  # first shard of the instruction-category mix
+
+
+def shard_order(n_total: int) -> list[int]:
+    """Generation shards in the order they are produced: two instruction-mix shards, then one early-mix shard.
+
+    >>> shard_order(52)[:6]
+    [48, 49, 0, 50, 51, 1]
+    """
+    late, early = list(range(_INSTRUCTION_SHARD, n_total)), list(range(min(_INSTRUCTION_SHARD, n_total)))
+    out: list[int] = []
+    while late or early:
+        out += late[:2] + early[:1]
+        late, early = late[2:], early[1:]
+    return out
+
+
+def prepare_features(args, tokenizer, target: _LazyTarget, out: Path, aux_layers) -> list[Path]:
+    """Stages 1-2 for ``args.gen_shards`` shards; returns the feature shard paths (existing ones are kept)."""
+    gen_dir, feat_dir = out / "gen", out / "feat"
+    gen_dir.mkdir(parents=True, exist_ok=True)
+    feat_dir.mkdir(parents=True, exist_ok=True)
+    prompts = chat_prompts(args.gen_prompt_pool, seed=args.seed)
+    order = shard_order(len(prompts) // GEN_SHARD_PROMPTS)[: args.gen_shards]
+    stats = _Throughput()
+    paths = []
+    bar = progress_bar(order, desc="answers + features", unit="shard", disable=args.no_progress)
+    for k in bar:
+        fpath = feat_dir / f"feat_{k:05d}.pt"
+        paths.append(fpath)
+        if fpath.is_file():
+            continue
+        msgs = prompts[k * GEN_SHARD_PROMPTS : (k + 1) * GEN_SHARD_PROMPTS]
+        gen = chat_generations(target, tokenizer, msgs, gen_dir / f"gen_{k:05d}.pt", args, stats)
+        plens = [
+            len(render_chat(tokenizer, Prompt(id="p", dataset="train", messages=({"role": "user", "content": m},))))
+            for m in msgs
+        ]
+        build_feature_shard(target.get(), gen, plens, fpath, aux_layers, args.topk)
+    return paths
+
+
+def make_head(target_cfg: dict, embedding: torch.Tensor, hot_ids: torch.Tensor, intermediate: int) -> Eagle3Head:
+    """A fresh head for a Llama target config (``hidden_size``, heads, rope theta, eps from the target)."""
+    nh = target_cfg["num_attention_heads"]
+    rope = (target_cfg.get("rope_parameters") or {}).get("rope_theta", target_cfg.get("rope_theta", 10000.0))
+    shape = Eagle3Shape(
+        hidden=target_cfg["hidden_size"],
+        heads=nh,
+        kv_heads=target_cfg.get("num_key_value_heads", nh),
+        head_dim=target_cfg.get("head_dim", target_cfg["hidden_size"] // nh),
+        intermediate=intermediate,
+        draft_vocab=int(hot_ids.numel()),
+        rope_theta=float(rope),
+        eps=float(target_cfg.get("rms_norm_eps", 1e-6)),
+    )
+    return Eagle3Head(shape, embedding, hot_ids)
+
+
+def hot_vocabulary(
+    store: FeatureStore, vocab: int, n: int, always: list[int], prior: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The ``n`` target ids most often the target's argmax in the features, ascending.
+
+    ``always`` ids are kept whatever their count; ids in ``prior`` (e.g. a draft vocabulary chosen on more data)
+    win ties, so a small feature set does not fill the vocabulary's tail arbitrarily.
+    """
+    counts = torch.zeros(vocab, dtype=torch.float64)
+    for sh in store.shards:
+        counts += torch.bincount(sh["topk_ids"][:, 0].long(), minlength=vocab).double()
+    if prior is not None:
+        counts[prior.long()] += 0.5
+    counts[torch.tensor(always, dtype=torch.long)] = counts.max() + 1
+    return torch.sort(counts.topk(n).indices).values
+
+
+def _lr(step: int, args) -> float:
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    t = (step - args.warmup) / max(1, args.steps - args.warmup)
+    return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
+
+
+def train_head(args, head: Eagle3Head, store: FeatureStore, out: Path, val_rows: list[int]) -> dict:
+    """AdamW over :func:`ttt_loss`; checkpoint/resume in ``out / CKPT``; logs to ``out / eagle3_log.jsonl``."""
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
+    step = 0
+    ck = out / CKPT
+    if args.resume and ck.is_file():
+        st = torch.load(ck, map_location="cpu", weights_only=False)
+        head.load_state_dict(st["head"])
+        opt.load_state_dict(st["opt"])
+        step = st["step"]
+        logger.info("resumed at step %d", step)
+    train_rows = [r for r in range(len(store.windows)) if r not in set(val_rows)]
+    t2d = target_to_draft(head)
+    log = (out / "eagle3_log.jsonl").open("a")
+    t_start = time.time()
+    bar = progress_bar(total=args.steps, initial=step, desc="train eagle3", disable=args.no_progress)
+    while step < args.steps:
+        if args.max_minutes and (time.time() - t_start) / 60 > args.max_minutes:
+            break
+        perm = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(args.seed + step))
+        rows = [train_rows[i] for i in perm[: args.batch_size].tolist()]
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, args)
+        loss, accs = ttt_loss(head, store.batch(rows), args.ttt_steps, args.decay, t2d)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
+        opt.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{accs[0]:.3f}")
+        rec = {"step": step, "loss": float(loss), "acc": [round(a, 4) for a in accs], "lr": _lr(step - 1, args)}
+        if args.eval_every and step % args.eval_every == 0:
+            rec["val_acc"] = validate(head, store, val_rows, args, t2d)
+            logger.info("step %d val per-step acc %s", step, rec["val_acc"])
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
+        if step % args.ckpt_every == 0 or step == args.steps:
+            atomic_save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step}, ck)
+    bar.close()
+    atomic_save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step}, ck)
+    return {"steps": step}
+
+
+@torch.no_grad()
+def validate(head: Eagle3Head, store: FeatureStore, rows: list[int], args, t2d) -> list[float]:
+    """Per-step top-1 accuracy on held-back windows of the training distribution."""
+    accs: list[list[float]] = []
+    for s in range(0, len(rows), args.batch_size):
+        _, a = ttt_loss(head, store.batch(rows[s : s + args.batch_size]), args.ttt_steps, args.decay, t2d)
+        accs.append(a)
+    n = min(len(a) for a in accs)
+    return [round(sum(a[k] for a in accs) / len(accs), 4) for k in range(n)]
