@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 from pathlib import Path
 
@@ -21,6 +22,9 @@ __all__ = [
     "load_tokenizer",
     "bundled_draft_dir",
     "truncated_draft",
+    "EAGLE3_ARCHITECTURE",
+    "is_eagle3_dir",
+    "check_eagle3_config",
 ]
 
 logger = logging.getLogger(__name__)
@@ -104,3 +108,41 @@ def truncated_draft(target_dir: str | Path, num_layers: int, cache_dir: Path = D
     AutoTokenizer.from_pretrained(str(target_dir)).save_pretrained(tmp)
     tmp.rename(out)
     return out
+
+
+# ----- EAGLE-3 heads (a reference-engine draft and SGLang's SAGE_EAGLE3 draft) -----
+
+EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+def is_eagle3_dir(path: str | Path) -> bool:
+    """Whether ``path`` holds an EAGLE-3 head (its config names :data:`EAGLE3_ARCHITECTURE`)."""
+    cfg = Path(path) / "config.json"
+    return cfg.is_file() and EAGLE3_ARCHITECTURE in json.loads(cfg.read_text()).get("architectures", [])
+
+
+def check_eagle3_config(head_cfg: dict, target_cfg: dict, d2t: torch.Tensor | None = None, where: str = "") -> None:
+    """Refuse a head that does not fit the target: one ``ValueError`` naming the mismatch (and ``where``).
+
+    Checked: ``hidden_size`` and ``vocab_size`` equal the target's; ``eagle_config.eagle_aux_hidden_state_layer_ids``
+    (when given; SGLang's default otherwise) are 3 ids below the target's last layer; ``d2t`` (when given) maps the
+    ``draft_vocab_size`` draft ids ascending into the target vocabulary.
+    """
+    problems = []
+    if head_cfg.get("hidden_size") != target_cfg.get("hidden_size"):
+        problems.append(f"hidden_size {head_cfg.get('hidden_size')} != target's {target_cfg.get('hidden_size')}")
+    if head_cfg.get("vocab_size") != target_cfg.get("vocab_size"):
+        problems.append(f"vocab_size {head_cfg.get('vocab_size')} != target's {target_cfg.get('vocab_size')}")
+    layers = (head_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    n_layers = int(target_cfg.get("num_hidden_layers", 0))
+    if layers is not None and (len(layers) != 3 or any(not 0 <= int(x) < n_layers - 1 for x in layers)):
+        problems.append(f"eagle_aux_hidden_state_layer_ids {layers} must be 3 ids in [0, {n_layers - 2}]")
+    if d2t is not None:
+        ids = d2t.long() + torch.arange(d2t.numel())
+        vocab = int(target_cfg.get("vocab_size", 0))
+        if d2t.numel() != head_cfg.get("draft_vocab_size") or bool((ids < 0).any() | (ids >= vocab).any()):
+            problems.append(f"d2t maps draft ids outside the target vocabulary [0, {vocab})")
+        elif bool((ids[1:] <= ids[:-1]).any()):
+            problems.append("d2t is not an ascending one-to-one draft -> target map")
+    if problems:
+        raise ValueError(f"EAGLE-3 head{' ' + where if where else ''} does not match the target: " + "; ".join(problems))

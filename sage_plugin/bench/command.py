@@ -19,6 +19,7 @@ import torch
 
 from ..config import ConfigError, SageConfig
 from ..data.prompts import Prompt, load_prompt_file, load_prompts, mixed_text_prompts, render_chat
+from ..engines.eagle3_draft import Eagle3Draft
 from ..engines.lm import GenRequest, TextModel, load_causal_lm
 from ..engines.speculative import SamplingParams, SpecEngine
 from ..engines.vlm import TextDraftForVLM, VLMModel, build_smolvlm, load_vlm, make_vlm_request
@@ -27,6 +28,7 @@ from ..models import (
     bundled_draft_dir,
     draft_head_ids,
     ensure_smollm2,
+    is_eagle3_dir,
     load_tokenizer,
     truncated_draft,
 )
@@ -154,10 +156,13 @@ def _text_setup(opts: BenchOptions, prompts, target_dir: Path, draft_dir: Path, 
     if opts.target:
         target_dir = Path(opts.target)
     tok = load_tokenizer(target_dir)
-    engine = SpecEngine(
-        TextModel(load_causal_lm(target_dir, device)),
-        TextModel(load_causal_lm(draft_dir, device), draft_head_ids(draft_dir)),
-    )
+    target = load_causal_lm(target_dir, device)
+    if is_eagle3_dir(draft_dir):  # an EAGLE-3 head reads the target's hidden states
+        emb = target.get_input_embeddings().weight.detach()
+        draft = Eagle3Draft.load(draft_dir, target.config.to_dict(), emb)
+    else:
+        draft = TextModel(load_causal_lm(draft_dir, device), draft_head_ids(draft_dir))
+    engine = SpecEngine(TextModel(target), draft)
     requests = [GenRequest(render_chat(tok, p), request_id=p.id) for p in prompts]
     tuning = [GenRequest(render_chat(tok, p), request_id=p.id) for p in mixed_text_prompts(TUNING_PROMPTS)]
     return BenchSetup(engine, requests, tok.eos_token_id, str(target_dir), draft_desc, tuning_requests=tuning)
@@ -197,6 +202,8 @@ def build_setup(opts: BenchOptions, base: SageConfig) -> BenchSetup:
     target_dir = ensure_smollm2(opts.cache)
     draft_dir, draft_desc = _draft(opts, target_dir)
     if any(p.image is not None for p in prompts):
+        if is_eagle3_dir(draft_dir):
+            raise ConfigError(f"--draft {draft_dir}: an EAGLE-3 head drafts for text targets only in this engine")
         setup = _vlm_setup(opts, base, prompts, target_dir, draft_dir, draft_desc, device)
     else:
         setup = _text_setup(opts, prompts, target_dir, draft_dir, draft_desc, device)

@@ -29,11 +29,13 @@ __all__ = ["SeqState", "PrefillResult"]
 @dataclass(slots=True)
 class PrefillResult:
     """One request's prefill: per-layer ``(keys, values)`` ``[1, H, L, Dh]``, last logits ``[V]``,
-    the model position of the next token and the number of cache slots ``L``."""
+    the model position of the next token and, for a target feeding an EAGLE-3 draft, its captured hidden states
+    ``features`` ``[1, L, 3H]``."""
 
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     last_logits: torch.Tensor
     next_pos: int
+    features: torch.Tensor | None = None
 
 
 @dataclass(slots=True)

@@ -60,10 +60,16 @@ class TextModel:
             the ids in ``sage_draft.json``).  The draft step costs ``S/V`` of the full head; the
             distribution is the model's renormalised over ``S``.  Drafts only propose tokens, so this
             cannot change what verification emits.  ``prefill`` keeps the full head (one row).
+
+    ``capture_layers`` (set by the engine for a target feeding an EAGLE-3 draft): after every ``prefill`` /
+    ``forward`` the residual stream entering layers ``l + 1`` for those ``l`` is kept, concatenated, in
+    ``PrefillResult.features`` / ``last_features`` ``[B, Q, 3H]``.
     """
 
     def __init__(self, model: Any, head_ids: torch.Tensor | None = None) -> None:
         self.model = model
+        self.capture_layers: list[int] | None = None
+        self.last_features: torch.Tensor | None = None
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device
         self.head_ids = None
@@ -74,9 +80,15 @@ class TextModel:
     @torch.inference_mode()
     def prefill(self, request: GenRequest) -> PrefillResult:
         ids = torch.tensor([request.prompt_ids], dtype=torch.int64, device=self.device).clamp(max=self.vocab_size - 1)
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        cap = self.capture_layers is not None
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, output_hidden_states=cap)
         kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        return PrefillResult(kv, out.logits[0, -1].float(), ids.shape[1])
+        return PrefillResult(kv, out.logits[0, -1].float(), ids.shape[1], self._features(out))
+
+    def _features(self, out) -> torch.Tensor | None:
+        if self.capture_layers is None:
+            return None
+        return torch.cat([out.hidden_states[i + 1] for i in self.capture_layers], dim=-1)
 
     @torch.inference_mode()
     def sequence_logits(self, ids: list[int]) -> torch.Tensor:
@@ -97,9 +109,15 @@ class TextModel:
         ids = input_ids.clamp(0, self.vocab_size - 1)
         if self.head_ids is None:
             out = self.model(
-                input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=state.cache, use_cache=True
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=mask,
+                past_key_values=state.cache,
+                use_cache=True,
+                output_hidden_states=self.capture_layers is not None,
             )
             state.appended(ids.shape[1])
+            self.last_features = self._features(out)
             return out.logits.float()
         hidden = self.model.get_decoder()(
             input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=state.cache, use_cache=True

@@ -23,6 +23,11 @@ in ``last_profile_s``): it stops drafting levels that would not be verified and 
 size (:mod:`sage_plugin.core.cost`).
 
 Plain decoding (``policy=None``) runs through the same KV machinery, one token per forward.
+
+An EAGLE-3 draft (:class:`~sage_plugin.engines.eagle3_draft.Eagle3Draft`, ``needs_target_features``) is fed
+features instead of keeping its tree rows: the target captures its layers at prefill and verify, the catch-up
+feeds every accepted token and the bonus with the target's features of the accepted path, and each tree level
+feeds its nodes the draft's own output at their parents (see that module's worked example).
 """
 
 from __future__ import annotations
@@ -34,12 +39,13 @@ import torch
 
 from ..core.cost import RoundCost
 from ..core.expand import Frontier, new_pool
-from ..core.policies import PolicyState, TreePolicy
+from ..core.policies import TreePolicy
 from ..core.tree import DraftTree, ancestor_mask
 from ..core.verify import VerifyResult, greedy_verify, process_logits, sample_tokens, sample_verify
 from .kv import SeqState
 from .lm import EngineModel, GenRequest
 from .profile import measure_round_cost
+from .rounds import PolicyClock, SpecBatch, rows_of
 
 __all__ = ["SamplingParams", "GenOutput", "RoundLog", "SpecEngine"]
 
@@ -90,6 +96,12 @@ class SpecEngine:
     def __init__(self, target: EngineModel, draft: EngineModel | None = None) -> None:
         self.target = target
         self.draft = draft
+        #: the draft reads the target's hidden states (EAGLE-3): the target captures the layers it names
+        self.eagle = bool(getattr(draft, "needs_target_features", False))
+        if self.eagle:
+            if not hasattr(target, "capture_layers"):
+                raise ValueError("an EAGLE-3 draft needs a target that captures hidden states (a text model)")
+            target.capture_layers = list(draft.aux_layers)
         self.device = target.device
         self.last_prefill_s = 0.0
         self.last_decode_s = 0.0
@@ -113,22 +125,28 @@ class SpecEngine:
         tstate = SeqState.from_prefills(prefills)
         outputs = [GenOutput(r.request_id, [], "length") for r in requests]
         roots = self._choose(torch.stack([p.last_logits for p in prefills])[:, None], params, gen)[:, 0]
-        dstate = SeqState.from_prefills([self.draft.prefill(r) for r in requests]) if policy is not None else None
+        dstate = None
+        if policy is not None and self.eagle:
+            dstate = SeqState.from_prefills([self.draft.prefill(r, p.features) for r, p in zip(requests, prefills)])
+            feats = torch.stack([p.features[0, -1] for p in prefills])[:, None]  # the root's feature row
+        elif policy is not None:
+            dstate = SeqState.from_prefills([self.draft.prefill(r) for r in requests])
         self._sync()
         t_prefill = time.perf_counter() - t0
         cost, t_profile = self._round_cost(policy, tstate, dstate) if policy is not None else (None, 0.0)
         t1 = time.perf_counter()
         active = self._emit(outputs, list(range(len(requests))), roots[:, None], torch.ones_like(roots), params)
-        rows = _rows(active, self.device)
+        rows = rows_of(active, self.device)
         tstate.select(rows)
         roots = roots[rows]
         ids = [i for i, a in enumerate(active) if a]
-        clock = _PolicyClock(policy) if policy is not None else None
+        clock = PolicyClock(policy) if policy is not None else None
         if clock is None:
             self._decode_plain(tstate, roots, ids, outputs, params, gen)
         else:
             dstate.select(rows)
-            self._decode_spec(clock, tstate, dstate, roots, ids, outputs, params, gen, cost)
+            first = feats[rows] if self.eagle else None
+            self._decode_spec(clock, tstate, dstate, roots, ids, outputs, params, gen, cost, first)
         self._sync()
         t2 = time.perf_counter()
         self.last_prefill_s, self.last_decode_s, self.last_profile_s = t_prefill, t2 - t1, t_profile
@@ -208,20 +226,27 @@ class SpecEngine:
             active = self._emit(outputs, ids, nxt[:, None], torch.ones_like(nxt), params)
             roots = nxt
             if not all(active):
-                rows = _rows(active, self.device)
+                rows = rows_of(active, self.device)
                 tstate.select(rows)
                 roots, ids = roots[rows], [rid for rid, a in zip(ids, active) if a]
             tstate.compact()
 
     # ------------------------------------------------------------------------------------------
-    def _decode_spec(self, policy: TreePolicy, tstate, dstate, roots, ids, outputs, params, gen, cost=None) -> None:
-        """Speculative rounds until every request stops: catch-up, expansion, verification, commit."""
-        batch = _SpecBatch.start(policy, roots, ids, params, self.device)
+    def _decode_spec(
+        self, policy: TreePolicy, tstate, dstate, roots, ids, outputs, params, gen, cost=None, feats=None
+    ) -> None:
+        """Speculative rounds until every request stops: catch-up, expansion, verification, commit.
+
+        ``feats`` [B, 1, 3H]: an EAGLE-3 draft's feature for the first root (the target prefill's last row).
+        """
+        batch = SpecBatch.start(policy, roots, ids, params, self.device, feats)
         while batch.ids:
             pad = cost if policy.pad_forwards else None
-            root_logprobs, root_slot = self._catch_up(dstate, batch, pad)
+            root_logprobs, root_slot, root_hidden = self._catch_up(dstate, batch, pad)
             plan = policy.plan(batch.pstate, root_logprobs)
-            pool, slot_of, forwards = self._expand(policy, plan, batch.roots, root_logprobs, root_slot, dstate, cost)
+            pool, slot_of, forwards = self._expand(
+                policy, plan, batch.roots, root_logprobs, root_slot, dstate, cost, root_hidden
+            )
             n_nodes = policy.pool_capacity - 1
             tree = policy.finalize(plan, pool, cost.round_ms(forwards, n_nodes) if cost is not None else None)
             tree, res, t0 = self._verify(tree, tstate, batch, params, gen, pad)
@@ -231,19 +256,19 @@ class SpecEngine:
             active = self._emit(outputs, batch.ids, res.emitted, res.num_accepted + 1, params)
             batch.roots = res.bonus
             if not all(active):
-                rows = _rows(active, self.device)
+                rows = rows_of(active, self.device)
                 tstate.select(rows)
                 dstate.select(rows)
                 batch.select(rows, active)
             tstate.compact()
             dstate.compact()
 
-    def _catch_up(self, dstate: SeqState, batch: _SpecBatch, pad=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _catch_up(self, dstate: SeqState, batch: SpecBatch, pad=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Phase 1: one ragged draft forward over each request's pending tokens (root last), at ``pad``'s padded
         width where given (a :class:`RoundCost`).
 
-        Returns ``(root_logprobs [B, V], root_slot [B])``: the draft's distribution after the root and the root's
-        draft KV slot.
+        Returns ``(root_logprobs [B, V], root_slot [B], root_hidden)``: the draft's distribution after the root, the
+        root's draft KV slot and (EAGLE-3 draft) its output at the root [B, H] (None otherwise).
         """
         dev, bsz = self.device, len(batch.ids)
         q = int(batch.pend_len.max())
@@ -253,16 +278,23 @@ class SpecEngine:
         qv = ar[None] < batch.pend_len[:, None]
         s0 = dstate.num_slots
         causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril().expand(bsz, q, q)
-        logits = self.draft.forward(
-            dstate, batch.pending[:, :q], dstate.next_pos[:, None] + ar, dstate.attention_mask(causal, qv)
-        )
+        args = (dstate, batch.pending[:, :q], dstate.next_pos[:, None] + ar, dstate.attention_mask(causal, qv))
+        logits = self.draft.forward(*args, batch.pend_feats[:, :q]) if self.eagle else self.draft.forward(*args)
         dstate.commit(torch.where(qv, s0 + ar, -1))
         dstate.next_pos += batch.pend_len
-        last = (batch.pend_len - 1)[:, None, None].expand(-1, 1, logits.shape[-1])
-        return torch.log_softmax(logits.gather(1, last)[:, 0], -1), s0 + batch.pend_len - 1
+        last = (batch.pend_len - 1)[:, None, None]
+        hidden = None
+        if self.eagle:
+            h = self.draft.last_hidden
+            hidden = h.gather(1, last.expand(-1, 1, h.shape[-1]))[:, 0]
+        lp = torch.log_softmax(logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0], -1)
+        return lp, s0 + batch.pend_len - 1, hidden
 
-    def _expand(self, policy, plan, roots, root_logprobs, root_slot, dstate: SeqState, cost: RoundCost | None):
-        """Phase 2: the policy's levels, one batched draft forward per level over the frontier.
+    def _expand(
+        self, policy, plan, roots, root_logprobs, root_slot, dstate: SeqState, cost: RoundCost | None, root_hidden=None
+    ):
+        """Phase 2: the policy's levels, one batched draft forward per level over the frontier (an EAGLE-3 draft
+        feeds each node its parent's output, ``root_hidden`` [B, H] for the root's children).
 
         Returns ``(pool, slot_of [B, P+1], forwards)``: the round's pool, each pool node's draft KV slot (-1 if the
         draft never processed it) and the draft forwards of the round (catch-up included).
@@ -274,6 +306,10 @@ class SpecEngine:
         slot_of[:, 0] = root_slot
         logprobs = root_logprobs[:, None]
         forwards = 1
+        hid = None
+        if self.eagle:  # each pool node's draft output, for its children
+            hid = root_hidden.new_zeros(bsz, policy.pool_capacity + 1, root_hidden.shape[-1])
+            hid[:, 0] = root_hidden
         for level in range(1, policy.max_depth + 1):
             frontier = policy.step(plan, pool, frontier, logprobs, level)
             if level == policy.max_depth:
@@ -290,12 +326,19 @@ class SpecEngine:
             extra = self._ancestor_slots(pool, slot_of, fidx, level, dstate.num_slots)
             s1 = dstate.num_slots
             eye = torch.eye(width, dtype=torch.bool, device=dev).expand(bsz, width, width)
-            logits = self.draft.forward(
+            args = (
                 dstate,
                 pool.tokens.gather(1, fidx.clamp(min=0)),
                 (dstate.next_pos - 1 + level)[:, None].expand(-1, width),
                 dstate.attention_mask(eye, fvalid, extra),
             )
+            if hid is None:
+                logits = self.draft.forward(*args)
+            else:
+                par = pool.parents.gather(1, fidx.clamp(min=0)).clamp(min=0)
+                logits = self.draft.forward(*args, hid.gather(1, par[..., None].expand(-1, -1, hid.shape[-1])))
+                dst = torch.where(fvalid, fidx, policy.pool_capacity)[..., None].expand(-1, -1, hid.shape[-1])
+                hid.scatter_(1, dst, self.draft.last_hidden)
             slot_of.scatter_(
                 1,
                 torch.where(fvalid, fidx, policy.pool_capacity),
@@ -305,7 +348,7 @@ class SpecEngine:
             forwards += 1
         return pool, slot_of, forwards
 
-    def _verify(self, tree: DraftTree, tstate: SeqState, batch: _SpecBatch, params: SamplingParams, gen, pad=None):
+    def _verify(self, tree: DraftTree, tstate: SeqState, batch: SpecBatch, params: SamplingParams, gen, pad=None):
         """Phase 3: one target forward over ``[root, drafts...]`` at ``prefix + depth`` under the ancestor mask.
 
         ``pad``: a :class:`RoundCost` whose padded sizes the forward runs at (the extra columns are the tree's own
@@ -318,13 +361,15 @@ class SpecEngine:
         t0 = tstate.num_slots
         mask = tstate.attention_mask(ancestor_mask(parents, tree.max_depth), tree.valid()[:, :run])
         logits = self.target.forward(tstate, tokens, tstate.next_pos[:, None] + depths.clamp(min=0), mask)[:, :n]
+        if self.eagle:
+            batch.tree_feats = self.target.last_features[:, :n]
         trimmed = tree.narrow(n)
         if params.temperature <= 0:
             return trimmed, greedy_verify(trimmed, logits), t0
         top_k, top_p = self._filters(params, len(batch.ids))
         return trimmed, sample_verify(trimmed, logits, batch.temperature, top_k, top_p, gen), t0
 
-    def _commit(self, tstate, dstate, batch: _SpecBatch, tree: DraftTree, res: VerifyResult, slot_of, t0: int) -> None:
+    def _commit(self, tstate, dstate, batch: SpecBatch, tree: DraftTree, res: VerifyResult, slot_of, t0: int) -> None:
         """Phase 4: commit the accepted path's target KV rows and the draft rows of accepted nodes it already
         processed; the accepted tokens it did not process, then the bonus, become its pending tokens."""
         dev = self.device
@@ -334,6 +379,10 @@ class SpecEngine:
         dslot = slot_of.gather(1, tree.source.gather(1, acc.clamp(min=0)))
         dslot = torch.where(acc >= 0, dslot, -1)
         fed = (dslot >= 0) & (torch.arange(acc.shape[1], device=dev)[None] >= 1)
+        if self.eagle:  # re-feed the accepted path with the target's features, as SGLang's draft extend does
+            fed = torch.zeros_like(fed)
+            f = batch.tree_feats
+            batch.pend_feats = f.gather(1, acc.clamp(min=0)[..., None].expand(-1, -1, f.shape[-1]))
         dstate.commit(torch.where(fed, dslot, -1))
         n_fed = fed.sum(1)
         dstate.next_pos += n_fed
@@ -370,69 +419,3 @@ class SpecEngine:
         for rid, (tau, nodes, dep, a, ra, pd, pw) in zip(ids, zip(*cols)):
             outputs[rid].rounds.append(RoundLog(tau, nodes, dep, a, ra, pd, pw, forwards))
             outputs[rid].target_forwards += 1
-
-
-@dataclass(slots=True)
-class _SpecBatch:
-    """The live requests of a speculative batch and their per-request rows (``[B]`` / ``[B, L]``).
-
-    Attributes:
-        ids: output index of each live request.
-        roots: ``[B]`` the next round's root token (the last bonus).
-        pending: ``[B, L]`` tokens the draft has not processed yet (root last), -1 padding.
-        pend_len: ``[B]`` number of pending tokens.
-        temperature: ``[B]`` sampling temperature.
-        pstate: the tree policy's per-request state.
-    """
-
-    ids: list[int]
-    roots: torch.Tensor
-    pending: torch.Tensor
-    pend_len: torch.Tensor
-    temperature: torch.Tensor
-    pstate: PolicyState
-
-    @staticmethod
-    def start(policy: TreePolicy, roots: torch.Tensor, ids: list[int], params: SamplingParams, device) -> _SpecBatch:
-        bsz = len(ids)
-        return _SpecBatch(
-            ids=list(ids),
-            roots=roots,
-            pending=roots[:, None].clone(),
-            pend_len=torch.ones(bsz, dtype=torch.int64, device=device),
-            temperature=torch.full((bsz,), float(params.temperature), device=device),
-            pstate=policy.init_state(bsz, device),
-        )
-
-    def select(self, rows: torch.Tensor, active: list[bool]) -> None:
-        """Keep the rows ``rows`` (the requests still ``active``)."""
-        self.ids = [rid for rid, a in zip(self.ids, active) if a]
-        self.roots, self.pending, self.pend_len = self.roots[rows], self.pending[rows], self.pend_len[rows]
-        self.temperature, self.pstate = self.temperature[rows], self.pstate.index(rows)
-
-
-class _PolicyClock:
-    """A tree policy whose method calls add their host wall time to ``seconds``; attributes pass through."""
-
-    def __init__(self, policy: TreePolicy) -> None:
-        self._policy = policy
-        self.seconds = 0.0
-
-    def __getattr__(self, name: str):
-        attr = getattr(self._policy, name)
-        if not callable(attr):
-            return attr
-
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return attr(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - t0
-
-        return timed
-
-
-def _rows(active: list[bool], device) -> torch.Tensor:
-    """Indices of the rows still active."""
-    return torch.tensor([i for i, a in enumerate(active) if a], dtype=torch.int64, device=device)

@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sage_plugin.engines.eagle3 import _rotate, default_aux_layers, rope_tables
 from sage_plugin.train.eagle3.data import FeatureStore
 from sage_plugin.train.eagle3.export import export_head, head_config, load_head
 from sage_plugin.train.eagle3.loop import hot_vocabulary, make_head, shard_order
 from sage_plugin.train.eagle3.loss import chain_accept, step_matches, target_to_draft, ttt_loss
-from sage_plugin.train.eagle3.model import _rotate, default_aux_layers, rope_tables
 from sage_plugin.train.evaluate import chain_tau
 
 TARGET_CFG = {

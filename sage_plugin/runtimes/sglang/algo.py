@@ -45,6 +45,7 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from sage_plugin.config import ConfigError, SageConfig
 from sage_plugin.core.tiers import parse_tiers
+from sage_plugin.models import check_eagle3_config
 
 from .args import SpecSizes, flag_name, sage_config_of, spec_sizes
 from .support import SGLANG_SUPPORT
@@ -103,6 +104,25 @@ def _draft_config(path: str, revision: str | None) -> dict[str, Any] | None:
     return cfg
 
 
+def _check_eagle3_head(draft: str, draft_cfg: dict, server_args: Any) -> None:
+    """Refuse an EAGLE-3 head that does not fit the target (width, vocabulary, its ``d2t`` map, captured layers)."""
+    target_cfg = _draft_config(str(server_args.model_path), getattr(server_args, "revision", None))
+    if target_cfg is None:
+        return
+    target_cfg = target_cfg.get("text_config", target_cfg)  # a VLM's language model
+    d2t = None
+    weights = Path(draft).expanduser() / "model.safetensors"
+    if weights.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(weights), "pt") as f:
+            d2t = f.get_tensor("d2t") if "d2t" in f.keys() else None
+    try:
+        check_eagle3_config(draft_cfg, target_cfg, d2t, where=f"--speculative-draft-model-path {draft}")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def validate_server_args(server_args: Any) -> None:
     """SGLang's ``validate_server_args`` callback: reject a SAGE launch SAGE cannot run, before it starts.
 
@@ -148,6 +168,8 @@ def validate_server_args(server_args: Any) -> None:
             )
     else:
         kind = draft_kind_of(archs)
+        if kind == "eagle3":
+            _check_eagle3_head(str(draft), draft_cfg, server_args)
         want = VARIANTS[kind]
         if name == "SAGE" and want != name:
             server_args.speculative_algorithm = want  # declared by SGLang's recorder, read by every process

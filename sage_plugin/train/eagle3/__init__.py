@@ -43,6 +43,7 @@ def _hot_ids(args, store, ckpt: Path, vocab: int, tokenizer) -> torch.Tensor:
 
 def train_eagle3(args, target_dir: Path, tokenizer) -> int:
     """Answers -> features -> train -> export -> evaluate (see :mod:`.loop`); returns 0."""
+    from sage_plugin.engines.eagle3 import default_aux_layers
     from sage_plugin.engines.lm import load_causal_lm
     from sage_plugin.models import DEFAULT_CACHE_DIR
 
@@ -50,7 +51,6 @@ def train_eagle3(args, target_dir: Path, tokenizer) -> int:
     from .data import FeatureStore
     from .export import evaluate_head, export_head
     from .loop import CKPT, make_head, prepare_features, train_head
-    from .model import default_aux_layers
 
     out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)

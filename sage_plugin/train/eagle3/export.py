@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from sage_plugin.engines.eagle3 import Eagle3Head
 from sage_plugin.engines.lm import load_causal_lm
 
 from ..evaluate import eval_cache_key, heldout_continuations
 from .data import target_features
 from .loss import chain_accept, step_matches
-from .model import Eagle3Head
 
 __all__ = ["EAGLE3_ARCH", "head_config", "export_head", "load_head", "evaluate_head"]
 

@@ -23,13 +23,13 @@ from pathlib import Path
 import torch
 
 from sage_plugin.data.prompts import Prompt, render_chat
+from sage_plugin.engines.eagle3 import Eagle3Head, Eagle3Shape
 
 from ..common import atomic_save, progress_bar
 from ..data import chat_prompts
 from ..labels import GEN_SHARD_PROMPTS, _LazyTarget, _Throughput, chat_generations
 from .data import FeatureStore, build_feature_shard
 from .loss import target_to_draft, ttt_loss
-from .model import Eagle3Head, Eagle3Shape
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .model import Eagle3Head
+from sage_plugin.engines.eagle3 import Eagle3Head
 
 __all__ = ["target_to_draft", "ttt_loss", "step_matches", "chain_accept"]
 

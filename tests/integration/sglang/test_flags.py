@@ -13,6 +13,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("sglang")
 
@@ -419,4 +420,34 @@ def test_multimodal_draft_is_refused_at_launch(tmp_path):
     sa = record(base=["--model-path", "target", "--speculative-algorithm", "sage",
                       "--speculative-draft-model-path", str(d)])  # fmt: skip
     with pytest.raises(ConfigError, match=r"a multimodal draft \(its config has a vision_config\).*use a text draft"):
+        validate(sa)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"hidden_size": 32}, "hidden_size 32 != target's 576"),
+        ({"vocab_size": 1000}, "vocab_size 1000 != target's 49152"),
+        ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 29]}}, "must be 3 ids in \\[0, 28\\]"),
+        ({"d2t": "outside"}, "outside the target vocabulary"),
+    ],
+)
+def test_mismatched_eagle3_head_is_refused_at_launch(tmp_path, change, message):
+    """A head that does not fit the target is refused before any model loads, naming the mismatch."""
+    from safetensors.torch import save_file
+
+    from sage_plugin.models import ensure_smollm2
+
+    target = ensure_smollm2()
+    cfg = json.loads((target / "config.json").read_text())
+    head = tmp_path / "head"
+    head.mkdir()
+    d2t = torch.zeros(4, dtype=torch.long) + (49152 if change.get("d2t") == "outside" else 0)
+    head_cfg = {**cfg, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 4,
+                **{k: v for k, v in change.items() if k != "d2t"}}  # fmt: skip
+    (head / "config.json").write_text(json.dumps(head_cfg))
+    save_file({"d2t": d2t}, str(head / "model.safetensors"))
+    sa = record(base=["--model-path", str(target), "--speculative-algorithm", "sage",
+                      "--speculative-draft-model-path", str(head)])  # fmt: skip
+    with pytest.raises(ConfigError, match=rf"EAGLE-3 head --speculative-draft-model-path {head} .*{message}"):
         validate(sa)

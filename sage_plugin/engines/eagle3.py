@@ -1,5 +1,8 @@
 """An EAGLE-3 draft head in plain torch, with the weight names SGLang 0.5.23's ``LlamaForCausalLMEagle3`` loads.
 
+Trained by ``sage train-draft --kind eagle3`` (:meth:`Eagle3Head.unroll`); the reference engine drafts with it
+through :class:`sage_plugin.engines.eagle3_draft.Eagle3Draft` (:meth:`Eagle3Head.step`).
+
 The head reads three of the target's hidden states (the residual stream entering decoder layers ``l + 1`` for each
 ``l`` of ``eagle_aux_hidden_state_layer_ids``, i.e. ``output_hidden_states[l + 1]`` of an HF forward), fused by
 ``fc``.  One decoder layer (``midlayer``) attends over ``[input_layernorm(embed(token)), hidden_norm(h)]`` (2H wide);
@@ -174,6 +177,31 @@ class Eagle3Head(nn.Module):
             diag_k = [d[:, :, : n - 1] for d in diag_k]
             diag_v = [d[:, :, : n - 1] for d in diag_v]
         return outs
+
+    def step(
+        self,
+        tokens: torch.Tensor,
+        h: torch.Tensor,
+        positions: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One draft forward over ``Q`` new rows per request with an explicit cache.
+
+        ``tokens`` [B, Q]; ``h`` [B, Q, 3H] (target features, fused by ``fc``) or [B, Q, H] (the head's own output
+        for the row's parent); ``positions`` [B, Q]; ``past`` = (keys, values) [B, kv_heads, S, head_dim] with
+        rotary applied; ``mask`` [B, 1, Q, S + Q] bool (True = attend).  Returns (pre-norm outputs [B, Q, H],
+        new keys, new values) [B, kv_heads, Q, head_dim].
+        """
+        s = self.shape
+        if h.shape[-1] != s.hidden:
+            h = self.fc(h)
+        q, k, v = self._qkv(tokens, h, positions)
+        rep = s.heads // s.kv_heads
+        keys = torch.cat([past[0], k], dim=2).repeat_interleave(rep, 1)
+        vals = torch.cat([past[1], v], dim=2).repeat_interleave(rep, 1)
+        attn = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+        return self._finish(attn, h), k, v
 
     # ----- export ---------------------------------------------------------------------------------------------
     def sglang_state_dict(self) -> dict[str, torch.Tensor]:
