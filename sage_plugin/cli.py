@@ -128,7 +128,12 @@ def _serving_parser(sub) -> None:
     p.add_argument("--log-dir", default="out/bench-serving", help="server logs")
     p.add_argument("--methods", default="plain,sage", help="comma list of plain, sage, standalone (SGLang's chain "
                    "with the same draft), standalone-tree (SGLang's STANDALONE at SAGE's sizes), sage-single (SAGE without "
-                   "--sage-tiers)")  # fmt: skip
+                   "--sage-tiers), eagle3 (SGLang's EAGLE-3 static tree), eagle3-adaptive (SGLang's "
+                   "--speculative-adaptive EAGLE-3), sage-eagle3 (SAGE over the EAGLE-3 head)")  # fmt: skip
+    p.add_argument("--eagle3-head", default=None, help="EAGLE-3 head of the eagle3 methods (default: the bundled "
+                   "SmolLM2 head)")  # fmt: skip
+    p.add_argument("--eagle3-config", default="engine_configs/sglang/smollm2_cpu_sage_eagle3.yaml",
+                   help="SGLang --config of sage-eagle3 (default %(default)s)")  # fmt: skip
     p.add_argument("--json", default=None, help="write the report as JSON")
     p.add_argument("--plots", default=None, metavar="DIR", help="write serving_tok_s.png")
 
@@ -143,10 +148,11 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
     )
     from .data.prompts import load_prompt_file, load_prompts, mixed_text_prompts
     from .engines.vlm import ensure_qwen_vl_smollm2
-    from .models import bundled_draft_dir, ensure_smollm2
+    from .models import bundled_draft_dir, bundled_eagle3_dir, ensure_smollm2
     from .runtimes.sglang.cpu_env import cpu_launch_env, unpacked_libcuda
 
-    methods = parse_serving_methods(args.methods)  # before any server starts
+    eagle3 = Path(args.eagle3_head) if args.eagle3_head else bundled_eagle3_dir()
+    methods = parse_serving_methods(args.methods, eagle3)  # before any server starts
     if args.prompts:
         prompts = load_prompt_file(args.prompts, limit=args.num_prompts)
     elif args.datasets == "vlm":
@@ -169,7 +175,7 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
         config=Path(config).resolve(), target=target, draft=draft.resolve(), env=env,
         log_dir=Path(args.log_dir), batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, requests=serving_requests(prompts, target),
-        methods=methods,
+        methods=methods, eagle3=eagle3.resolve() if eagle3 else None, eagle3_config=Path(args.eagle3_config).resolve(),
     )  # fmt: skip
     report["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
     report["prompts"] = args.prompts or args.datasets

@@ -21,6 +21,7 @@ __all__ = [
     "ensure_smollm2",
     "load_tokenizer",
     "bundled_draft_dir",
+    "bundled_eagle3_dir",
     "truncated_draft",
     "EAGLE3_ARCHITECTURE",
     "is_eagle3_dir",
@@ -93,6 +94,12 @@ def bundled_draft_dir() -> Path | None:
     return path if (path / "config.json").is_file() else None
 
 
+def bundled_eagle3_dir() -> Path | None:
+    """Directory of the trained SmolLM2 EAGLE-3 head shipped with the package, if present."""
+    path = Path(__file__).parent / "assets" / "drafts" / "smollm2-eagle3"
+    return path if (path / "config.json").is_file() else None
+
+
 def truncated_draft(target_dir: str | Path, num_layers: int, cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
     """Stand-in draft: the target's first ``num_layers`` layers (same vocabulary, untrained as a draft)."""
     out = Path(cache_dir) / f"{Path(target_dir).name}-first{num_layers}"
@@ -145,4 +152,6 @@ def check_eagle3_config(head_cfg: dict, target_cfg: dict, d2t: torch.Tensor | No
         elif bool((ids[1:] <= ids[:-1]).any()):
             problems.append("d2t is not an ascending one-to-one draft -> target map")
     if problems:
-        raise ValueError(f"EAGLE-3 head{' ' + where if where else ''} does not match the target: " + "; ".join(problems))
+        raise ValueError(
+            f"EAGLE-3 head{' ' + where if where else ''} does not match the target: " + "; ".join(problems)
+        )

@@ -185,20 +185,29 @@ class _Side:
 
 
 #: ``--methods`` of ``sage bench-serving``: each a server on the same target (``plain`` is the reference).
-SERVING_METHODS = ("plain", "sage", "sage-single", "standalone", "standalone-tree")
+SERVING_METHODS = (
+    "plain", "sage", "sage-single", "standalone", "standalone-tree", "eagle3", "eagle3-adaptive", "sage-eagle3",
+)  # fmt: skip
 #: SGLang's own chain with the same draft: its STANDALONE defaults for a separate draft model.
 STANDALONE_CHAIN = {"speculative-num-steps": 3, "speculative-eagle-topk": 1, "speculative-num-draft-tokens": 4}
+#: SGLang's EAGLE-3 static tree on this CPU: 4 steps of a top-4 beam, 8 verified tokens (SAGE's middle tier's size).
+EAGLE3_TREE = {"speculative-num-steps": 4, "speculative-eagle-topk": 4, "speculative-num-draft-tokens": 8}
+#: SGLang's ``--speculative-adaptive`` EAGLE-3 (top-k 1 only in 0.5.23), starting from a 3-step chain.
+EAGLE3_CHAIN = {"speculative-num-steps": 3, "speculative-eagle-topk": 1, "speculative-num-draft-tokens": 4}
 _NEEDS_EAGLE3 = ("eagle3", "eagle3-adaptive", "sage-eagle3")
 _SIZE_KEYS = ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens")
 
 
-def parse_serving_methods(text: str) -> list[str]:
-    """``--methods``: known names, ``plain`` first (added if missing: every output is compared with it)."""
+def parse_serving_methods(text: str, eagle3: Path | None = None) -> list[str]:
+    """``--methods``: known names, ``plain`` first (added if missing: every output is compared with it).
+
+    The EAGLE-3 methods need ``eagle3``, a trained head for the target (``--eagle3-head``).
+    """
     names = [m.strip() for m in text.split(",") if m.strip()]
     for m in names:
-        if m in _NEEDS_EAGLE3:
-            raise ConfigError(f"--methods {m}: needs a trained EAGLE-3 head for the target, which this project does "
-                              "not ship yet (a random head would only prove the plumbing, not speed)")  # fmt: skip
+        if m in _NEEDS_EAGLE3 and eagle3 is None:
+            raise ConfigError(f"--methods {m}: needs a trained EAGLE-3 head for the target (--eagle3-head DIR; a "
+                              "random head would only prove the plumbing, not speed)")  # fmt: skip
         if m not in SERVING_METHODS:
             raise ConfigError(f"--methods: unknown {m!r}; use {', '.join(SERVING_METHODS)}")
     if len(set(names)) != len(names):
@@ -206,22 +215,34 @@ def parse_serving_methods(text: str) -> list[str]:
     return ["plain", *[m for m in names if m != "plain"]]
 
 
-def _spec_flags(config: Path, sizes: dict[str, int]) -> list[str]:
-    """SGLang's STANDALONE with the config's other speculative flags (e.g. the draft attention backend)."""
+def _spec_flags(config: Path, sizes: dict[str, int], algorithm: str = "STANDALONE") -> list[str]:
+    """SGLang's own ``algorithm`` with the config's other speculative flags (e.g. the draft attention backend)."""
     own = ("speculative-algorithm", *_SIZE_KEYS)
-    argv = ["--speculative-algorithm", "STANDALONE"]
+    argv = ["--speculative-algorithm", algorithm]
     argv += _yaml_flags(config, lambda key: key.startswith("speculative-") and key not in own)
     for key, value in sizes.items():
         argv += [f"--{key}", str(value)]
     return argv
 
 
-def method_args(method: str, config: Path, target: Path, draft: Path, sage_sizes: dict[str, int] | None) -> list[str]:
+def method_args(
+    method: str, config: Path, target: Path, draft: Path, sage_sizes: dict[str, int] | None,
+    eagle3: Path | None = None, eagle3_config: Path | None = None,
+) -> list[str]:  # fmt: skip
     """``sglang.launch_server`` arguments of one ``--methods`` entry (``sage_sizes``: the SAGE server's
-    steps / topk / draft tokens, which ``standalone-tree`` uses so both verify the same tokens per step)."""
+    steps / topk / draft tokens, which ``standalone-tree`` uses so both verify the same tokens per step;
+    ``eagle3``: the EAGLE-3 head of ``eagle3``, ``eagle3-adaptive`` and ``sage-eagle3``, whose SGLang config is
+    ``eagle3_config``)."""
     model = ["--model-path", str(target)]
     if method == "plain":
         return [*model, *plain_flags(config)]
+    if method == "sage-eagle3":
+        return ["--config", str(eagle3_config or config), *model, "--speculative-draft-model-path", str(eagle3)]
+    if method in ("eagle3", "eagle3-adaptive"):
+        tree = method == "eagle3"
+        argv = [*model, *plain_flags(config), "--speculative-draft-model-path", str(eagle3)]
+        argv += _spec_flags(config, EAGLE3_TREE if tree else EAGLE3_CHAIN, "EAGLE3")
+        return argv + ([] if tree else ["--speculative-adaptive"])
     if method in ("sage", "sage-single"):
         argv = ["--config", str(config), *model, "--speculative-draft-model-path", str(draft)]
         return argv + (["--sage-tiers", "[]"] if method == "sage-single" else [])  # one shape: the largest
@@ -271,7 +292,8 @@ def _row(method: str, bs: int, side: _Side, plain: _Side, same: bool, repeats: i
 
 def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str, str], log_dir: Path,
                       batch_sizes: list[int], max_new_tokens: int, repeats: int, requests: list[dict[str, Any]],
-                      methods: list[str] = ("plain", "sage")) -> dict[str, Any]:  # fmt: skip
+                      methods: list[str] = ("plain", "sage"), eagle3: Path | None = None,
+                      eagle3_config: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Launch one server per method (all at once), measure every batch size ``repeats`` times, stop them all.
 
     The same batch goes to every server in turn; the order rotates per repeat so machine noise hits all alike.
@@ -290,7 +312,8 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
             if "sage" in servers:
                 sinfo = servers["sage"].get("/server_info")
                 sizes = {k: sinfo[k.replace("-", "_")] for k in _SIZE_KEYS}
-            servers[m] = Server(method_args(m, config, target, draft, sizes), env, log_dir / f"{m}.log")
+            argv = method_args(m, config, target, draft, sizes, eagle3, eagle3_config)
+            servers[m] = Server(argv, env, log_dir / f"{m}.log")
         for server in servers.values():  # warm-up: first requests pay one-off costs
             parallel(lambda r, s=server: s.post("/generate", {**r, "sampling_params": {"max_new_tokens": 8}}),
                      requests[:2])  # fmt: skip
@@ -312,7 +335,8 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
         for server in servers.values():
             server.stop()
     return {"rows": rows, "algorithms": info, "methods": list(methods), "config": str(config), "target": str(target),
-            "draft": str(draft), "max_new_tokens": max_new_tokens, "sage_state": sage_state}  # fmt: skip
+            "draft": str(draft), "eagle3_head": None if eagle3 is None else str(eagle3),
+            "max_new_tokens": max_new_tokens, "sage_state": sage_state}  # fmt: skip
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -67,6 +67,8 @@ def test_methods_are_checked_before_any_server_starts():
         parse_serving_methods("plain,eagle")
     with pytest.raises(ConfigError, match="eagle3-adaptive: needs a trained EAGLE-3 head"):
         parse_serving_methods("sage,eagle3-adaptive")
+    assert parse_serving_methods("eagle3,eagle3-adaptive,sage-eagle3", Path("/h")) == [
+        "plain", "eagle3", "eagle3-adaptive", "sage-eagle3"]  # fmt: skip
     with pytest.raises(ConfigError, match="distinct"):
         parse_serving_methods("sage,sage")
 
@@ -95,6 +97,22 @@ def test_method_args_launch_sglangs_own_modes_with_the_same_draft():
             flags["--speculative-num-draft-tokens"]) == ("6", "4", "12")  # fmt: skip
     with pytest.raises(ConfigError, match="list sage before it"):
         method_args("standalone-tree", CPU_CONFIG, t, d, None)
+
+
+def test_method_args_of_the_eagle3_methods():
+    """SGLang's EAGLE-3 static tree and its adaptive chain on the head; SAGE over the head from its own config."""
+    t, d, h, c3 = Path("/t"), Path("/d"), Path("/h"), Path("/c3.yaml")
+    tree = method_args("eagle3", CPU_CONFIG, t, d, None, h, c3)
+    flags = dict(zip(tree, tree[1:]))
+    assert flags["--speculative-algorithm"] == "EAGLE3" and flags["--speculative-draft-model-path"] == "/h"
+    assert (flags["--speculative-num-steps"], flags["--speculative-eagle-topk"],
+            flags["--speculative-num-draft-tokens"]) == ("4", "4", "8")  # fmt: skip
+    assert "--speculative-adaptive" not in tree and not any(a.startswith("--sage") for a in tree)
+    adaptive = method_args("eagle3-adaptive", CPU_CONFIG, t, d, None, h, c3)
+    flags = dict(zip(adaptive, adaptive[1:]))
+    assert adaptive[-1] == "--speculative-adaptive" and flags["--speculative-eagle-topk"] == "1"  # SGLang: topk 1
+    assert method_args("sage-eagle3", CPU_CONFIG, t, d, None, h, c3) == [
+        "--config", "/c3.yaml", "--model-path", "/t", "--speculative-draft-model-path", "/h"]  # fmt: skip
 
 
 def test_serving_requests_render_text_and_image_prompts(tmp_path):
