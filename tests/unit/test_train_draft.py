@@ -245,3 +245,39 @@ def test_train_resume_export_evaluate(tiny_target, tmp_path):
     # export_draft on its own (no evaluation) rewrites the directory
     assert export_draft(out_b / "ckpt.pt", tmp_path / "exp", evaluate=False) == {}
     assert (tmp_path / "exp" / "config.json").is_file()
+
+
+def _eagle3_args(out: Path, target: Path, *extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_train_args(parser)
+    flags = {
+        "--kind": "eagle3", "--out": str(out), "--target": str(target), "--threads": "1", "--gen-shards": "1",
+        "--gen-prompt-pool": "128", "--gen-max-new-tokens": "6", "--text-tokens": "512", "--aux-layers": "0,0,0",
+        "--head-vocab": "256", "--intermediate": "32", "--seq-len": "64", "--steps": "4", "--batch-size": "4",
+        "--warmup": "1", "--ttt-steps": "3", "--eval-every": "2", "--ckpt-every": "2", "--val-windows": "2",
+        "--eval-limit": "2", "--eval-gen-tokens": "6", "--eval-cache": str(out.parent / "cache"),
+    }  # fmt: skip
+    return parser.parse_args([x for kv in flags.items() for x in kv] + ["--no-progress", *extra])
+
+
+def test_eagle3_head_end_to_end_and_resume(tiny_target, tmp_path):
+    """``--kind eagle3``: answers -> features -> train -> SGLang-format export -> held-out chain figures; resumable."""
+    out = tmp_path / "e3"
+    assert train_draft(_eagle3_args(out, tiny_target)) == 0
+    head = out / "head"
+    cfg = json.loads((head / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 256
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 0, 0]
+    record = json.loads((head / "sage_eagle3.json").read_text())
+    assert record["data"]["shards"] == 1 and record["data"]["text_shards"] == 1
+    held = record["heldout"]
+    assert set(held["per_dataset"]) == {"mt_bench", "humaneval"} and 0.0 <= held["agreement"] <= 1.0
+    assert held["tau5"] >= 1.0 and len(held["step_accuracy"]) == 5
+    assert "| all |" in (head / "README.md").read_text()
+    steps = [json.loads(line)["step"] for line in (out / "eagle3_log.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+    with pytest.raises(SystemExit, match="pass --resume"):
+        train_draft(_eagle3_args(out, tiny_target))
+    assert train_draft(_eagle3_args(out, tiny_target, "--resume", "--steps", "6")) == 0
+    steps = [json.loads(line)["step"] for line in (out / "eagle3_log.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]  # continued from the checkpoint, not restarted

@@ -80,7 +80,12 @@ def train_eagle3(args, target_dir: Path, tokenizer) -> int:
     record = {
         "target": target_cfg.get("_model_name_or_path", str(target_dir)),
         "aux_layers": aux,
-        "data": {"shards": len(paths), "sequences": len(store.windows), "tokens": store.num_tokens()},
+        "data": {
+            "shards": sum(p.name.startswith("feat_") for p in paths),
+            "text_shards": sum(p.name.startswith("text_") for p in paths),
+            "windows": len(store.windows),
+            "tokens": store.num_tokens(),
+        },
         "train_args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))},
         "minutes": {"data": round(data_min, 1), "train": round(train_min, 1)},
     }

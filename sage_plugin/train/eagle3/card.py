@@ -48,9 +48,10 @@ embedding shared) in the checkpoint format of SGLang's `LlamaForCausalLMEagle3`.
 
 ## Training
 - Data: the target's greedy answers (up to {a["gen_max_new_tokens"]} tokens) to {d["shards"] * 64} offline chat
-  prompts (`sage_plugin.train.data.chat_prompts`, instruction-category shards two in three), {d["tokens"]} tokens,
-  with the target's captured hidden states and top-{a["topk"]} next-token distributions. No MT-Bench, HumanEval or
-  GSM8K prompt was used.
+  prompts (`sage_plugin.train.data.chat_prompts`, instruction-category shards two in three) and
+  {d.get("text_shards", 0) * 64} windows of 256 tokens of CPython stdlib sources, {d["tokens"]} tokens in all, with the
+  target's captured hidden states and top-{a["topk"]} next-token distributions (loss on answer tokens and on every
+  source token). No MT-Bench, HumanEval or GSM8K prompt was used.
 - Objective: EAGLE-3's training-time test: {a["ttt_steps"]} unrolled draft steps (step k reads step k-1's output,
   attends to the target-fed rows and its own chain), soft cross-entropy to the target's distribution on answer
   positions, step weight {a["decay"]}^k.
@@ -63,7 +64,7 @@ embedding shared) in the checkpoint format of SGLang's `LlamaForCausalLMEagle3`.
 ## Reproduce
 ```
 sage train-draft --kind eagle3 --out RUN --gen-shards {a["gen_shards"]} --gen-max-new-tokens {a["gen_max_new_tokens"]} \\
-  --steps {a["steps"]} --batch-size {a["batch_size"]} --lr {a["lr"]} --seq-len {a["seq_len"]} \\
+  --text-tokens {a["text_tokens"] or 0} --steps {a["steps"]} --batch-size {a["batch_size"]} --lr {a["lr"]} --seq-len {a["seq_len"]} \\
   --intermediate {a["intermediate"]} --head-vocab {a["head_vocab"]} --ttt-steps {a["ttt_steps"]} --seed {a["seed"]}
 ```
 

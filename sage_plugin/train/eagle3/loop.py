@@ -26,8 +26,8 @@ from sage_plugin.data.prompts import Prompt, render_chat
 from sage_plugin.engines.eagle3 import Eagle3Head, Eagle3Shape
 
 from ..common import atomic_save, progress_bar
-from ..data import chat_prompts
-from ..labels import GEN_SHARD_PROMPTS, _LazyTarget, _Throughput, chat_generations
+from ..data import chat_prompts, text_documents
+from ..labels import GEN_SHARD_PROMPTS, _LazyTarget, _Throughput, _windows_from_tokens, chat_generations
 from .data import FeatureStore, build_feature_shard
 from .loss import target_to_draft, ttt_loss
 
@@ -37,6 +37,7 @@ __all__ = ["CKPT", "shard_order", "prepare_features", "make_head", "train_head"]
 
 CKPT = "eagle3_ckpt.pt"
 _INSTRUCTION_SHARD = 3072 // GEN_SHARD_PROMPTS  # first shard of the instruction-category mix
+TEXT_WINDOW = 256  # tokens per stdlib-source window
 
 
 def shard_order(n_total: int) -> list[int]:
@@ -75,6 +76,29 @@ def prepare_features(args, tokenizer, target: _LazyTarget, out: Path, aux_layers
             for m in msgs
         ]
         build_feature_shard(target.get(), gen, plens, fpath, aux_layers, args.topk)
+    return paths + _text_features(args, tokenizer, target, feat_dir, aux_layers)
+
+
+def _text_features(args, tokenizer, target: _LazyTarget, feat_dir: Path, aux_layers) -> list[Path]:
+    """``--text-tokens`` of CPython stdlib sources in 256-token windows (every position trained), 64 per shard."""
+    n_windows = (args.text_tokens or 0) // TEXT_WINDOW
+    if n_windows <= 0:
+        return []
+    n_shards = math.ceil(n_windows / GEN_SHARD_PROMPTS)
+    paths = [feat_dir / f"text_{k:05d}.pt" for k in range(n_shards)]
+    if all(p.is_file() for p in paths):
+        return paths
+    sep = tokenizer.get_vocab().get("<|endoftext|>", tokenizer.eos_token_id)
+    docs = text_documents(args.seed)
+    windows = _windows_from_tokens(
+        (tokenizer(text, add_special_tokens=False)["input_ids"] + [sep] for _, text in docs), TEXT_WINDOW
+    )
+    for k, path in enumerate(progress_bar(paths, desc="text features", unit="shard", disable=args.no_progress)):
+        chunk = [torch.tensor(w, dtype=torch.int32) for _, w in zip(range(GEN_SHARD_PROMPTS), windows, strict=False)]
+        if not path.is_file() and chunk:
+            build_feature_shard(target.get(), {"sequences": chunk}, [0] * len(chunk), path, aux_layers, args.topk)
+        if len(chunk) < GEN_SHARD_PROMPTS:
+            return paths[: k + 1] if chunk else paths[:k]
     return paths
 
 
