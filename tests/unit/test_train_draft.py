@@ -278,6 +278,8 @@ def test_eagle3_head_end_to_end_and_resume(tiny_target, tmp_path):
     assert steps == [1, 2, 3, 4]
     with pytest.raises(SystemExit, match="pass --resume"):
         train_draft(_eagle3_args(out, tiny_target))
+    with (out / "eagle3_log.jsonl").open("a") as f:  # a step logged after the last checkpoint, then killed
+        f.write(json.dumps({"step": 5, "loss": 0.0}) + "\n")
     assert train_draft(_eagle3_args(out, tiny_target, "--resume", "--steps", "6")) == 0
     steps = [json.loads(line)["step"] for line in (out / "eagle3_log.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]  # continued from the checkpoint, not restarted

@@ -155,9 +155,13 @@ def train_head(args, head: Eagle3Head, store: FeatureStore, out: Path, val_rows:
         opt.load_state_dict(st["opt"])
         step = st["step"]
         logger.info("resumed at step %d", step)
+    log_path = out / "eagle3_log.jsonl"
+    if log_path.is_file():  # steps logged after the checkpoint are run again: drop them
+        kept = [ln for ln in log_path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
+        log_path.write_text("".join(ln + "\n" for ln in kept))
     train_rows = [r for r in range(len(store.windows)) if r not in set(val_rows)]
     t2d = target_to_draft(head)
-    log = (out / "eagle3_log.jsonl").open("a")
+    log = log_path.open("a")
     t_start = time.time()
     bar = progress_bar(total=args.steps, initial=step, desc="train eagle3", disable=args.no_progress)
     while step < args.steps:
