@@ -33,7 +33,7 @@ from .loss import target_to_draft, ttt_loss
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CKPT", "shard_order", "prepare_features", "make_head", "train_head"]
+__all__ = ["CKPT", "shard_order", "prepare_features", "make_head", "init_from_target", "train_head"]
 
 CKPT = "eagle3_ckpt.pt"
 _INSTRUCTION_SHARD = 3072 // GEN_SHARD_PROMPTS  # first shard of the instruction-category mix
@@ -117,6 +117,15 @@ def make_head(target_cfg: dict, embedding: torch.Tensor, hot_ids: torch.Tensor, 
         eps=float(target_cfg.get("rms_norm_eps", 1e-6)),
     )
     return Eagle3Head(shape, embedding, hot_ids)
+
+
+@torch.no_grad()
+def init_from_target(head: Eagle3Head, target) -> None:
+    """Start the head's output side where the target's is: ``lm_head`` = the target's output rows of the draft
+    vocabulary, ``norm`` = the target's final norm (EAGLE-1/2 keep the target's head frozen; here it only starts
+    there), so the head's output learns to look like the target's last hidden state from the first step."""
+    head.lm_head.weight.copy_(target.get_output_embeddings().weight[head.hot_ids].float())
+    head.norm.weight.copy_(target.get_decoder().norm.weight.float())
 
 
 def hot_vocabulary(
