@@ -187,8 +187,8 @@ def train_head(args, head: Eagle3Head, store: FeatureStore, out: Path, val_rows:
         opt.step()
         step += 1
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{accs[0]:.3f}")
-        rec = {"step": step, "loss": float(loss), "acc": [round(a, 4) for a in accs], "lr": _lr(step - 1, args)}
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc0=f"{accs[0]:.3f}")
+        rec = {"step": step, "loss": float(loss.detach()), "acc": [round(a, 4) for a in accs], "lr": _lr(step - 1, args)}
         if args.eval_every and step % args.eval_every == 0:
             rec["val_acc"] = validate(head, store, val_rows, args, t2d)
             logger.info("step %d val per-step acc %s", step, rec["val_acc"])

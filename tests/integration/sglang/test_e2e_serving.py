@@ -3,8 +3,9 @@
 Two servers started as a user would (module-scoped, in their own process groups, torn down at the end): plain
 decoding and SAGE (from the YAML engine config, draft = the bundled trained draft, else the target's first 4
 layers).  Greedy outputs must be token-identical; concurrency, abort and KV-pool accounting are checked on the
-SAGE server.  The same YAML with an EAGLE and an EAGLE3 head as the draft (random heads: no trained head exists
-for SmolLM2) must resolve to ``SAGE_EAGLE``/``SAGE_EAGLE3`` and give the plain server's tokens too.
+SAGE server.  The same YAML with an EAGLE head (random: no trained EAGLE-1 head exists for SmolLM2) and with the
+bundled trained EAGLE-3 head as the draft must resolve to ``SAGE_EAGLE``/``SAGE_EAGLE3`` and give the plain server's
+tokens too; the trained head must also accept drafts.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import pytest
 pytest.importorskip("sglang")
 
 from sage_plugin.bench.serving import Server, parallel, plain_flags  # noqa: E402
+from sage_plugin.models import bundled_eagle3_dir  # noqa: E402
 
 from .conftest import REPO  # noqa: E402
-from .heads import make_eagle3_head, make_eagle_head  # noqa: E402
+from .heads import make_eagle_head  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -133,10 +135,21 @@ def test_kv_pool_returns_to_its_starting_free_size(servers, kv_start):
     assert info["kv_available_tokens"] == kv_start, (info, kv_start)
 
 
+def _bundled_eagle3(target_dir: Path, out: Path) -> Path:
+    head = bundled_eagle3_dir()
+    assert head is not None, "the trained EAGLE-3 head ships in sage_plugin/assets/drafts/smollm2-eagle3"
+    return head
+
+
+#: the bundled EAGLE-3 head's mean SGLang accept length must reach this (measured 2026-11-25: see the model card)
+EAGLE3_MIN_ACCEPT = 1.3
+
+
 @pytest.mark.parametrize(("kind", "make", "algorithm"),
-                         [("eagle", make_eagle_head, "SAGE_EAGLE"), ("eagle3", make_eagle3_head, "SAGE_EAGLE3")])  # fmt: skip
+                         [("eagle", make_eagle_head, "SAGE_EAGLE"), ("eagle3", _bundled_eagle3, "SAGE_EAGLE3")])  # fmt: skip
 def test_eagle_heads_equal_plain(servers, target_dir, launch_env, tmp_path, kind, make, algorithm):
-    """``--speculative-algorithm sage`` with an EAGLE/EAGLE3 head: resolved to its variant, token-identical output."""
+    """``--speculative-algorithm sage`` with an EAGLE/EAGLE3 head: resolved to its variant, token-identical output
+    (the EAGLE3 head is the bundled trained one: its drafts are accepted too)."""
     plain, _ = servers
     head = make(target_dir, tmp_path / kind)
     server = Server(["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
@@ -157,6 +170,9 @@ def test_eagle_heads_equal_plain(servers, target_dir, launch_env, tmp_path, kind
         assert summary["rounds"] + summary["off_steps"] == g["meta_info"]["spec_verify_ct"]
     sage = info["internal_states"][0]["sage"]
     assert sage["sage_rounds"] > 0 and 0.0 <= sage["sage_mean_alpha"] <= 1.0
+    if kind == "eagle3":
+        accept = [g["meta_info"]["spec_accept_length"] for g in got]
+        assert sum(accept) / len(accept) >= EAGLE3_MIN_ACCEPT, accept
 
 
 def test_sampling_requests_are_sampled_not_argmax(servers, kv_start):
