@@ -83,9 +83,7 @@ def train_eagle3(args, target_dir: Path, tokenizer) -> int:
     del tmodel
     g = torch.Generator().manual_seed(args.seed)
     val_rows = torch.randperm(len(store.windows), generator=g)[: args.val_windows].tolist()
-    t1 = time.time()
     stats = train_head(args, head, store, out, val_rows)
-    train_min = (time.time() - t1) / 60
     if stats["steps"] < args.steps or args.no_export:
         return 0
     record = {
@@ -98,7 +96,7 @@ def train_eagle3(args, target_dir: Path, tokenizer) -> int:
             "tokens": store.num_tokens(),
         },
         "train_args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))},
-        "minutes": {"data": round(data_min, 1), "train": round(train_min, 1)},
+        "minutes": {"data (this invocation)": round(data_min, 1), "train": round(stats["train_minutes"], 1)},
     }
     head_dir = Path(args.export_dir) if args.export_dir else out / "head"
     export_head(head, target_dir, head_dir, aux, record, card="(evaluation pending)\n")

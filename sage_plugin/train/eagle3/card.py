@@ -56,7 +56,7 @@ embedding shared) in the checkpoint format of SGLang's `LlamaForCausalLMEagle3`.
   attends to the target-fed rows and its own chain), soft cross-entropy to the target's distribution on answer
   positions, step weight {a["decay"]}^k.
 - {a["steps"]} steps, batch {a["batch_size"]} sequences (at most {a["seq_len"]} tokens), AdamW lr {a["lr"]} (cosine),
-  seed {a["seed"]}. Data {record["minutes"]["data"]} min, training {record["minutes"]["train"]} min on this machine.
+  seed {a["seed"]}. Training {record["minutes"]["train"]} min on this machine (all invocations).
 
 ## Measured
 {measured}

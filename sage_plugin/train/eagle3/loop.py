@@ -153,16 +153,19 @@ def _lr(step: int, args) -> float:
 
 
 def train_head(args, head: Eagle3Head, store: FeatureStore, out: Path, val_rows: list[int]) -> dict:
-    """AdamW over :func:`ttt_loss`; checkpoint/resume in ``out / CKPT``; logs to ``out / eagle3_log.jsonl``."""
+    """AdamW over :func:`ttt_loss`; checkpoint/resume in ``out / CKPT``; logs to ``out / eagle3_log.jsonl``.
+
+    Returns ``{"steps", "train_minutes"}`` (minutes summed over every invocation of the run)."""
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
-    step = 0
+    step, spent = 0, 0.0
     ck = out / CKPT
     if args.resume and ck.is_file():
         st = torch.load(ck, map_location="cpu", weights_only=False)
         head.load_state_dict(st["head"])
         opt.load_state_dict(st["opt"])
         step = st["step"]
+        spent = st.get("train_seconds", 0.0)
         logger.info("resumed at step %d", step)
     log_path = out / "eagle3_log.jsonl"
     if log_path.is_file():  # steps logged after the checkpoint are run again: drop them
@@ -188,17 +191,24 @@ def train_head(args, head: Eagle3Head, store: FeatureStore, out: Path, val_rows:
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc0=f"{accs[0]:.3f}")
-        rec = {"step": step, "loss": float(loss.detach()), "acc": [round(a, 4) for a in accs], "lr": _lr(step - 1, args)}
+        rec = {
+            "step": step,
+            "loss": float(loss.detach()),
+            "acc": [round(a, 4) for a in accs],
+            "lr": _lr(step - 1, args),
+        }
         if args.eval_every and step % args.eval_every == 0:
             rec["val_acc"] = validate(head, store, val_rows, args, t2d)
             logger.info("step %d val per-step acc %s", step, rec["val_acc"])
         log.write(json.dumps(rec) + "\n")
         log.flush()
         if step % args.ckpt_every == 0 or step == args.steps:
-            atomic_save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step}, ck)
+            atomic_save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step,
+                         "train_seconds": spent + time.time() - t_start}, ck)  # fmt: skip
     bar.close()
-    atomic_save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step}, ck)
-    return {"steps": step}
+    total = spent + time.time() - t_start
+    atomic_save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "train_seconds": total}, ck)
+    return {"steps": step, "train_minutes": total / 60}
 
 
 @torch.no_grad()
