@@ -63,6 +63,9 @@ def train_draft(args) -> int:
     if args.kind == "eagle3":
         from .eagle3 import train_eagle3
 
+        if args.device not in ("auto", "cpu"):
+            raise SystemExit(f"--device {args.device}: --kind eagle3 trains on CPU only so far (use cpu or auto)")
+
         for key, val in {"batch_size": 4, "steps": 2000, "gen_batch": 16, "eval_limit": 40}.items():
             if getattr(args, key, None) is None:
                 setattr(args, key, val)

@@ -283,3 +283,9 @@ def test_eagle3_head_end_to_end_and_resume(tiny_target, tmp_path):
     assert train_draft(_eagle3_args(out, tiny_target, "--resume", "--steps", "6")) == 0
     steps = [json.loads(line)["step"] for line in (out / "eagle3_log.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]  # continued from the checkpoint, not restarted
+
+
+def test_eagle3_refuses_a_gpu_device(tiny_target, tmp_path):
+    """The EAGLE-3 trainer runs on CPU only so far: an explicit --device cuda is refused, not silently ignored."""
+    with pytest.raises(SystemExit, match="--device cuda: --kind eagle3 trains on CPU only"):
+        train_draft(_eagle3_args(tmp_path / "gpu", tiny_target, "--device", "cuda"))
