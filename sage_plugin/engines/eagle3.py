@@ -28,7 +28,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Eagle3Shape", "Eagle3Head", "default_aux_layers", "rope_tables"]
+__all__ = [
+    "Eagle3Shape",
+    "Eagle3Head",
+    "default_aux_layers",
+    "rope_tables",
+    "eagle3_shape",
+    "read_head_files",
+    "head_from_files",
+]
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -207,3 +215,39 @@ class Eagle3Head(nn.Module):
     def sglang_state_dict(self) -> dict[str, torch.Tensor]:
         """Tensors under the names ``LlamaForCausalLMEagle3.load_weights`` maps (``midlayer.*``, ``d2t``, ``t2d``)."""
         return {k: v.detach().clone() for k, v in self.state_dict().items()}
+
+
+def eagle3_shape(cfg: dict, intermediate: int, draft_vocab: int) -> Eagle3Shape:
+    """The head geometry of a Llama ``config.json`` (a target's, or a head's own: same width, heads, rope, eps)."""
+    nh = cfg["num_attention_heads"]
+    rope = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
+    return Eagle3Shape(
+        hidden=cfg["hidden_size"],
+        heads=nh,
+        kv_heads=cfg.get("num_key_value_heads", nh),
+        head_dim=cfg.get("head_dim", cfg["hidden_size"] // nh),
+        intermediate=intermediate,
+        draft_vocab=draft_vocab,
+        rope_theta=float(rope),
+        eps=float(cfg.get("rms_norm_eps", 1e-6)),
+    )
+
+
+def read_head_files(path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(``config.json``, ``model.safetensors`` tensors) of an exported head directory."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    return json.loads((path / "config.json").read_text()), load_file(str(path / "model.safetensors"))
+
+
+def head_from_files(cfg: dict, tensors: dict[str, torch.Tensor], embedding: torch.Tensor) -> Eagle3Head:
+    """An fp32 :class:`Eagle3Head` from :func:`read_head_files` over the target's ``embedding`` (on its device)."""
+    d2t = tensors["d2t"].long()
+    shape = eagle3_shape(cfg, cfg["intermediate_size"], cfg["draft_vocab_size"])
+    head = Eagle3Head(shape, embedding.detach().float().cpu(), d2t + torch.arange(d2t.numel()))
+    head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()})
+    return head.to(embedding.device)

@@ -19,13 +19,12 @@ the next catch-up feeds ``(e, f_d)`` at 3 and ``(g, f_e)`` at 4 with the target'
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from ..models import check_eagle3_config
-from .eagle3 import Eagle3Head, Eagle3Shape
+from .eagle3 import Eagle3Head, head_from_files, read_head_files
 from .kv import PrefillResult, SeqState
 from .lm import GenRequest
 
@@ -52,28 +51,9 @@ class Eagle3Draft:
     @classmethod
     def load(cls, path: str | Path, target_cfg: dict, embedding: torch.Tensor) -> Eagle3Draft:
         """Load an exported head over the target's ``embedding`` after :func:`check_eagle3_config`."""
-        from safetensors.torch import load_file
-
-        path = Path(path)
-        cfg = json.loads((path / "config.json").read_text())
-        sd = load_file(str(path / "model.safetensors"))
-        check_eagle3_config(cfg, target_cfg, sd.get("d2t"), where=str(path))
-        nh = cfg["num_attention_heads"]
-        rope = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
-        shape = Eagle3Shape(
-            hidden=cfg["hidden_size"],
-            heads=nh,
-            kv_heads=cfg.get("num_key_value_heads", nh),
-            head_dim=cfg.get("head_dim", cfg["hidden_size"] // nh),
-            intermediate=cfg["intermediate_size"],
-            draft_vocab=cfg["draft_vocab_size"],
-            rope_theta=float(rope),
-            eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        )
-        hot = sd["d2t"].long() + torch.arange(sd["d2t"].numel())
-        head = Eagle3Head(shape, embedding.float().cpu(), hot)
-        head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in sd.items()})
-        head = head.to(embedding.device)
+        cfg, tensors = read_head_files(path)
+        check_eagle3_config(cfg, target_cfg, tensors.get("d2t"), where=str(path))
+        head = head_from_files(cfg, tensors, embedding)
         return cls(head, cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"], int(target_cfg["vocab_size"]))
 
     def _full(self, out: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from .common import resolve_device
 from .data import HELD_OUT_DATASETS
 from .labels import greedy_generate, pad_and_eos
 
-__all__ = ["chain_tau", "eval_cache_key", "heldout_continuations", "evaluate_draft"]
+__all__ = ["chain_tau", "chain_accept", "eval_cache_key", "heldout_continuations", "evaluate_draft"]
 
 _COUNTERS = ("hit", "n", "tokens", "steps", "prompts", "rare", "selfmatch")
 
@@ -38,12 +38,29 @@ def chain_tau(matches: Sequence[bool], chain: int = 4) -> tuple[int, int]:
     >>> chain_tau([False, True, True, False])
     (4, 2)
     """
-    n, i, tokens, steps = len(matches), 0, 0, 0
-    while i < n:
-        k = 0
-        while k < chain and i + k < n and matches[i + k]:
-            k += 1
-        adv = min(k + 1, n - i)
+    return chain_accept([matches[i : i + chain] for i in range(len(matches))], 0, len(matches), chain)
+
+
+def chain_accept(match, start: int, end: int, chain: int) -> tuple[int, int]:
+    """(tokens emitted, target steps) of chain drafting over rows ``start..end - 1`` of ``match`` [rows, >= chain]
+    (a bool tensor or nested sequences).
+
+    ``match[i][a]`` says whether draft step ``a`` of a round at row ``i`` is the token emitted at row ``i + a``
+    (rows count emitted tokens).  A round accepts the leading matches of ``match[i][:chain]`` that stay before
+    ``end``, plus one target token, then moves to row ``i + accepted + 1``.  An EAGLE head's rows depend on where
+    the round started (:func:`sage_plugin.train.eagle3.loss.step_matches`); a standalone draft's do not
+    (:func:`chain_tau`).
+
+    >>> chain_accept([[True, True, False], [False] * 3, [False] * 3, [True, False, False], [False] * 3], 0, 5, 3)
+    (5, 2)
+    """
+    rows = match.tolist() if isinstance(match, torch.Tensor) else match
+    i, tokens, steps = start, 0, 0
+    while i < end:
+        a = 0
+        while a < chain and i + a < end and rows[i][a]:
+            a += 1
+        adv = min(a + 1, end - i)
         tokens += adv
         steps += 1
         i += adv

@@ -16,8 +16,8 @@ from sage_plugin.engines.eagle3 import _rotate, default_aux_layers, rope_tables
 from sage_plugin.train.eagle3.data import FeatureStore
 from sage_plugin.train.eagle3.export import export_head, head_config, load_head
 from sage_plugin.train.eagle3.loop import hot_vocabulary, make_head, shard_order
-from sage_plugin.train.eagle3.loss import chain_accept, step_matches, target_to_draft, ttt_loss
-from sage_plugin.train.evaluate import chain_tau
+from sage_plugin.train.eagle3.loss import step_matches, target_to_draft, ttt_loss
+from sage_plugin.train.evaluate import chain_accept, chain_tau
 
 TARGET_CFG = {
     "hidden_size": 32,
@@ -161,13 +161,25 @@ def test_training_reduces_the_loss():
     assert float(loss.detach()) < 0.5 * first
 
 
+def _naive_chain_tau(matches: list[bool], chain: int) -> tuple[int, int]:
+    """Chain drafting over position-wise matches, written out: accept the run from i (at most ``chain``), +1."""
+    n, i, tokens, steps = len(matches), 0, 0, 0
+    while i < n:
+        k = 0
+        while k < chain and i + k < n and matches[i + k]:
+            k += 1
+        adv = min(k + 1, n - i)
+        tokens, steps, i = tokens + adv, steps + 1, i + adv
+    return tokens, steps
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.booleans(), min_size=1, max_size=30), st.integers(1, 5))
 def test_chain_accept_equals_chain_tau_when_rows_agree(matches, chain):
     """A standalone draft's matches do not depend on the chain's start: both simulations then agree."""
     n = len(matches)
     rows = torch.tensor([[matches[i + k] if i + k < n else False for k in range(chain)] for i in range(n)])
-    assert chain_accept(rows, 0, n, chain) == chain_tau(matches, chain)
+    assert chain_accept(rows, 0, n, chain) == chain_tau(matches, chain) == _naive_chain_tau(matches, chain)
 
 
 def test_chain_accept_uses_each_rounds_own_row():

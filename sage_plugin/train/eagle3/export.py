@@ -13,14 +13,14 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from sage_plugin.engines.eagle3 import Eagle3Head
+from sage_plugin.engines.eagle3 import Eagle3Head, head_from_files, read_head_files
 from sage_plugin.engines.lm import load_causal_lm
 
-from ..evaluate import eval_cache_key, heldout_continuations
+from ..evaluate import chain_accept, eval_cache_key, heldout_continuations
 from .data import target_features
-from .loss import chain_accept, step_matches
+from .loss import step_matches
 
 __all__ = ["EAGLE3_ARCH", "head_config", "export_head", "load_head", "evaluate_head"]
 
@@ -62,14 +62,8 @@ def export_head(head: Eagle3Head, target_dir: Path, out: Path, aux_layers, recor
 
 def load_head(head_dir: Path, embedding: torch.Tensor) -> tuple[Eagle3Head, list[int]]:
     """(head in fp32, aux layer ids) from an exported checkpoint, over the target's ``embedding``."""
-    from .loop import make_head
-
-    cfg = json.loads((head_dir / "config.json").read_text())
-    sd = load_file(str(head_dir / "model.safetensors"))
-    hot = sd["d2t"].long() + torch.arange(sd["d2t"].numel())
-    head = make_head(cfg, embedding, hot, cfg["intermediate_size"])
-    head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in sd.items()})
-    return head.float(), list(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    cfg, tensors = read_head_files(head_dir)
+    return head_from_files(cfg, tensors, embedding), list(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
 
 
 @torch.inference_mode()
@@ -83,7 +77,7 @@ def evaluate_head(
     chains=(4, 5),
     cache: Path,
 ) -> dict:
-    """Held-out figures: step-0 top-1 agreement, per-step accuracy and exact chain tau (:func:`.loss.chain_accept`).
+    """Held-out figures: step-0 top-1 agreement, per-step accuracy and exact chain tau (:func:`sage_plugin.train.evaluate.chain_accept`).
 
     Along the target's greedy continuation of each prompt (cached like the standalone draft's evaluation), every row
     of the continuation starts a chain of draft steps fed the head's own outputs.

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from sage_plugin.data.prompts import Prompt, render_chat
-from sage_plugin.engines.eagle3 import Eagle3Head, Eagle3Shape
+from sage_plugin.engines.eagle3 import Eagle3Head, eagle3_shape
 
 from ..common import atomic_save, progress_bar
 from ..data import chat_prompts, text_documents
@@ -104,19 +104,7 @@ def _text_features(args, tokenizer, target: _LazyTarget, feat_dir: Path, aux_lay
 
 def make_head(target_cfg: dict, embedding: torch.Tensor, hot_ids: torch.Tensor, intermediate: int) -> Eagle3Head:
     """A fresh head for a Llama target config (``hidden_size``, heads, rope theta, eps from the target)."""
-    nh = target_cfg["num_attention_heads"]
-    rope = (target_cfg.get("rope_parameters") or {}).get("rope_theta", target_cfg.get("rope_theta", 10000.0))
-    shape = Eagle3Shape(
-        hidden=target_cfg["hidden_size"],
-        heads=nh,
-        kv_heads=target_cfg.get("num_key_value_heads", nh),
-        head_dim=target_cfg.get("head_dim", target_cfg["hidden_size"] // nh),
-        intermediate=intermediate,
-        draft_vocab=int(hot_ids.numel()),
-        rope_theta=float(rope),
-        eps=float(target_cfg.get("rms_norm_eps", 1e-6)),
-    )
-    return Eagle3Head(shape, embedding, hot_ids)
+    return Eagle3Head(eagle3_shape(target_cfg, intermediate, int(hot_ids.numel())), embedding, hot_ids)
 
 
 @torch.no_grad()
@@ -171,7 +159,8 @@ def train_head(args, head: Eagle3Head, store: FeatureStore, out: Path, val_rows:
     if log_path.is_file():  # steps logged after the checkpoint are run again: drop them
         kept = [ln for ln in log_path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
         log_path.write_text("".join(ln + "\n" for ln in kept))
-    train_rows = [r for r in range(len(store.windows)) if r not in set(val_rows)]
+    held = set(val_rows)
+    train_rows = [r for r in range(len(store.windows)) if r not in held]
     t2d = target_to_draft(head)
     log = log_path.open("a")
     t_start = time.time()

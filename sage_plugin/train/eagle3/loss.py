@@ -4,10 +4,10 @@
 draft's distribution against the target's top-k distribution at position ``p + k + 1`` (renormalised over the
 entries inside the draft vocabulary), on answer positions only, weighted ``decay ** k`` (EAGLE-3 uses 0.8).
 
-:func:`chain_accept`: along a target continuation, ``match[p, k]`` says whether step ``k`` of a chain started at row
-``p`` drafts the target's greedy token; a chain round accepts the leading run of matches.  Because step ``k`` reads
-step ``k - 1``'s own output, acceptance depends on where the round started, unlike a standalone draft's
-teacher-forced matches (:func:`sage_plugin.train.evaluate.chain_tau`, which this equals when rows agree).
+:func:`step_matches`: along a target continuation, ``match[p, k]`` says whether step ``k`` of a chain started at row
+``p`` drafts the target's greedy token (:func:`sage_plugin.train.evaluate.chain_accept` turns it into tau).  Because
+step ``k`` reads step ``k - 1``'s own output, acceptance depends on where the round started, unlike a standalone
+draft's teacher-forced matches.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from sage_plugin.engines.eagle3 import Eagle3Head
 
-__all__ = ["target_to_draft", "ttt_loss", "step_matches", "chain_accept"]
+__all__ = ["target_to_draft", "ttt_loss", "step_matches"]
 
 
 def target_to_draft(head: Eagle3Head) -> torch.Tensor:
@@ -65,27 +65,3 @@ def step_matches(head: Eagle3Head, feats: torch.Tensor, tokens: torch.Tensor, ta
         pred = head.hot_ids[head.logits(o[0]).argmax(-1)]
         m[:rows, k] = pred == target_argmax[k + 1 : k + 1 + rows]
     return m
-
-
-def chain_accept(match: torch.Tensor, start: int, end: int, chain: int) -> tuple[int, int]:
-    """(tokens emitted, target steps) of chain drafting over rows ``start..end - 1`` of ``match`` [rows, >= chain].
-
-    ``match[i, a]`` says whether draft step ``a`` of a round at row ``i`` is the token emitted at row ``i + a``
-    (rows count emitted tokens).  A round accepts the leading matches of ``match[i, :chain]`` that stay before
-    ``end``, plus one target token, then moves to row ``i + accepted + 1``.
-
-    >>> m = torch.tensor([[True, True, False], [False] * 3, [False] * 3, [True, False, False], [False] * 3])
-    >>> chain_accept(m, 0, 5, 3)
-    (5, 2)
-    """
-    i, tokens, steps = start, 0, 0
-    rows = match.tolist()
-    while i < end:
-        a = 0
-        while a < chain and i + a < end and rows[i][a]:
-            a += 1
-        adv = min(a + 1, end - i)
-        tokens += adv
-        steps += 1
-        i += adv
-    return tokens, steps
