@@ -114,6 +114,11 @@ class SageConfig:
     w_max: int = 10
     n_max: int = 64  # node cap (draft nodes, root excluded)
     rerank_nodes: int = 0  # 0: the tree the levels keep (the paper's); N: its N best nodes by path value
+    # rerank_pool (with rerank_nodes N): kept: rerank the nodes SAGE's levels keep; children: every child of an
+    # expanded node is a candidate (EAGLE-2's pool), Eq. 10-12 choose what to expand; beam: the W best candidates
+    # of each level by path value are expanded, down to d_cap; both expand only nodes in the pool's N best
+    # (N = rerank_nodes, or n_max when 0)
+    rerank_pool: str = "kept"
     node_budget: str = "auto"  # auto: also the cost-optimal cut under the measured verify cost; fixed: n_max only
     pad_forwards: bool = True  # auto budget: run forwards at the cheapest measured size >= theirs, priced so
     # calibrated path values (core/calibration.py): rows = parent-alpha bins, columns = draft-probability bins,
@@ -179,8 +184,11 @@ class SageConfig:
         _validate_calibration(self.calibration)
         _validate_tiers(self.tiers)
         _int_in("tier_probe_every", self.tier_probe_every, 0, 1_000_000)
-        if self.rerank_nodes and self.topology == "planned":
-            raise ConfigError("rerank_nodes works with topology online (the planned replay keeps its planned tree)")
+        _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
+        if (self.rerank_nodes or self.rerank_pool != "kept") and self.topology == "planned":
+            raise ConfigError(
+                "rerank_nodes and rerank_pool work with topology online (the planned replay keeps its planned tree)"
+            )
         if self.calibration and self.topology == "planned":
             raise ConfigError("calibration works with topology online (the planned replay ranks by draft probability)")
         _bool("use_history", self.use_history)

@@ -13,6 +13,10 @@ method          configuration at budget N
 calibrated``
 ``sage-rerank``  SAGE's shaped tree built up to ``n_max = max(N, 64)`` nodes, then its N best by path value
                 (``rerank_nodes = N``: EAGLE-2's rerank inside SAGE's shape)
+``sage-         every child of a node SAGE's rules expand is a candidate, the N best verified
+children``      (``rerank_pool: children``, ``rerank_nodes = N``)
+``sage-beam``   the alpha-shaped width ``W`` of best candidates grows at each level, while it can still enter the N
+                best, down to ``d_cap`` (``rerank_pool: beam``, ``rerank_nodes = N``)
 ``sage``        SAGE sized to this device (``node_budget: auto``), ``n_max = N``
 ``oracle``      the bound: the longest run of the target's own tokens the draft's top-k candidates contained,
                 at most N deep (a chain of target-matching candidates is the best tree any selection can verify)
@@ -38,7 +42,10 @@ from .tune import static_cut
 
 __all__ = ["SWEEP_METHODS", "oracle_tau", "sweep_methods", "sweep_summary", "sweep_table", "write_sweep_plot"]
 
-SWEEP_METHODS = ("eagle2", "topn", "static", "sage-paper", "sage-paper-calibrated", "sage-rerank", "sage", "oracle")
+SWEEP_METHODS = (
+    "eagle2", "topn", "static", "sage-paper", "sage-paper-calibrated", "sage-rerank", "sage-children", "sage-beam",
+    "sage", "oracle",
+)  # fmt: skip
 
 
 def sweep_methods(base: SageConfig, sizes: list[int]) -> list[MethodSpec]:
@@ -52,6 +59,8 @@ def sweep_methods(base: SageConfig, sizes: list[int]) -> list[MethodSpec]:
             "static": dict(policy="static", static_tree=[list(p) for p in static_cut(base, n)]),
             "sage-paper": dict(sage, node_budget="fixed"),
             "sage-rerank": dict(sage, n_max=max(n, 64), rerank_nodes=n, node_budget="fixed"),
+            "sage-children": dict(sage, n_max=max(n, 64), rerank_nodes=n, rerank_pool="children", node_budget="fixed"),
+            "sage-beam": dict(sage, rerank_nodes=n, rerank_pool="beam", node_budget="fixed"),
             "sage": dict(sage, node_budget="auto"),
         }
         out += [MethodSpec(f"{name}@{n}", base.replace(**cfg)) for name, cfg in configs.items()]

@@ -14,6 +14,7 @@ Worked example: :mod:`sage_plugin.core.shape`.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,7 +24,7 @@ from .calibration import calibration_log_table
 from .controller import observe_history
 from .cost import cost_cut
 from .entropy import topk_confidence
-from .expand import Candidates, DraftPool, Frontier, append, finalize_nodes, propose
+from .expand import Candidates, DraftPool, Frontier, append, best_nodes, budget_top_n, finalize_nodes, propose
 from .planned import code_depth, plan_next_tree, planned_selection
 from .policy import FixedShapePolicy, PolicyState, RoundPlan
 from .shape import LevelProbs, budget_key, choose_alpha, in_prob_space, level_keep, plan_shape
@@ -38,7 +39,11 @@ __all__ = ["SagePolicy", "sage_level_selection"]
 def sage_level_selection(
     cfg: SageConfig, plan: RoundPlan, pool: DraftPool, c: Candidates
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(keep, expand, insertion order)``, each ``[B, F, K]``, for one level's live candidates (Eq. 10-12)."""
+    """``(keep, expand, insertion order)``, each ``[B, F, K]``, for one level's live candidates (Eq. 10-12).
+
+    ``N_max`` counts the pool's nodes, or with ``rerank_pool`` ``children`` / ``beam`` (every child pooled) the
+    nodes drafted so far (their own draft distribution is known: ``pool.conf`` set), root excluded.
+    """
     lp = lambda full, topk: in_prob_space(cfg, full, topk).exp().flatten(1)  # noqa: E731
     probs = LevelProbs(
         lp(c.logp, c.logp_topk),
@@ -47,10 +52,24 @@ def sage_level_selection(
         lp(c.parent_joint, c.parent_joint_topk),
     )
     order = budget_key(cfg, c.joint.flatten(1))
+    chosen = pool.count if cfg.rerank_pool == "kept" else (~torch.isnan(pool.conf[:, :-1])).sum(1)
     keep = level_keep(
-        cfg, c.level, c.valid.flatten(1), c.ranks.flatten(1), probs, order, plan.depth, plan.width, pool.count - 1
+        cfg, c.level, c.valid.flatten(1), c.ranks.flatten(1), probs, order, plan.depth, plan.width, chosen - 1
     ).view_as(c.valid)
     return keep, keep & (c.level < plan.depth[:, None, None]), order.view_as(c.joint)
+
+
+def _in_top(pool: DraftPool, frontier: Frontier, n: int, width: int) -> Frontier:
+    """The first ``width`` frontier nodes (in frontier order) among the pool's ``n`` best by path value.
+
+    Pruning the others loses nothing: a child's value is at most its parent's and the pool's ``n``-th best value
+    only rises, so no descendant of a node outside the ``n`` best can enter the final ``n`` best.
+    """
+    top = best_nodes(pool, torch.full_like(pool.count, n))
+    in_top = torch.cat([torch.ones_like(top[:, :1]), top, torch.zeros_like(top[:, :1])], 1)
+    ok = frontier.valid & in_top.gather(1, frontier.idx.clamp(min=0))
+    pack = torch.sort((~ok).long(), dim=1, stable=True).indices
+    return Frontier(torch.where(ok, frontier.idx, -1).gather(1, pack)[:, :width])
 
 
 class SagePolicy(FixedShapePolicy):
@@ -66,13 +85,30 @@ class SagePolicy(FixedShapePolicy):
 
     @classmethod
     def pool_nodes_for(cls, cfg: SageConfig) -> int:
-        """Draft nodes a round can build (root excluded): ``n_max``, or the static first tree if larger."""
-        return max(cfg.n_max, StaticPolicy.max_nodes_for(cfg) if cfg.first_round_static else 0)
+        """Draft nodes a round can build (root excluded): ``n_max``, or the static first tree if larger; with
+        ``rerank_pool="children"`` the k children of at most k expanded nodes per level."""
+        # children / beam: at most pooled_width_for(cfg) nodes of a level grow, each proposing k children
+        pooled = cfg.k * (1 + (cls.max_depth_for(cfg) - 1) * cls.pooled_width_for(cfg))
+        built = cfg.n_max if cfg.rerank_pool == "kept" else pooled
+        return max(built, StaticPolicy.max_nodes_for(cfg) if cfg.first_round_static else 0)
+
+    @classmethod
+    def pooled_width_for(cls, cfg: SageConfig) -> int:
+        """Nodes of one level that grow under ``rerank_pool`` children / beam: ``k``, or the static first tree's
+        widest level if wider."""
+        static = max(Counter(len(p) for p in cfg.static_tree).values()) if cfg.first_round_static else 0
+        return max(cfg.k, static)
 
     @classmethod
     def max_nodes_for(cls, cfg: SageConfig) -> int:
         built = cls.pool_nodes_for(cfg)
-        return min(built, cfg.rerank_nodes) if cfg.rerank_nodes else built
+        total = cls.rerank_total(cfg)
+        return min(built, total) if total else built
+
+    @staticmethod
+    def rerank_total(cfg: SageConfig) -> int:
+        """Nodes the final rerank keeps: ``rerank_nodes``, else ``n_max`` for a pooled ``rerank_pool``, else 0 (none)."""
+        return cfg.rerank_nodes or (cfg.n_max if cfg.rerank_pool != "kept" else 0)
 
     @classmethod
     def uses_static_tree(cls, cfg: SageConfig) -> bool:
@@ -82,7 +118,8 @@ class SagePolicy(FixedShapePolicy):
         super().__init__(cfg)
         self.static = StaticPolicy(cfg) if cfg.first_round_static else None
         self.pool_capacity = self.pool_nodes_for(cfg) + 1
-        self.frontier_capacity = self.pool_capacity - 1
+        self.children = cfg.rerank_pool != "kept"
+        self.frontier_capacity = self.pooled_width_for(cfg) if self.children else self.pool_capacity - 1
         self.wants_cost = cfg.node_budget == "auto"
         self.pad_forwards = self.wants_cost and cfg.pad_forwards
         self._calibration = calibration_log_table(cfg.calibration, "cpu") if cfg.calibration else None
@@ -99,6 +136,8 @@ class SagePolicy(FixedShapePolicy):
         first = state.first_round & (self.static is not None)
         if self.static is not None:
             depth = torch.where(first, self.static.max_depth, depth)
+        if self.cfg.rerank_pool == "beam":  # the beam grows while its nodes can still be verified
+            depth = torch.where(first, depth, self.max_depth)
         planned = state.planned if self.cfg.topology == "planned" else None
         if planned is not None:  # the planned tree's own depth
             depth = torch.where(first, depth, code_depth(planned, self.k).max(1).values.clamp(min=1))
@@ -119,13 +158,22 @@ class SagePolicy(FixedShapePolicy):
             first = plan.first_round[:, None, None]
             keep, expand = torch.where(first, s_keep, keep), torch.where(first, s_expand, expand)
             order = torch.where(first, c.joint, order)
-        return append(pool, c, keep, expand, order, self.frontier_capacity)
+        if not self.children:
+            return append(pool, c, keep, expand, order, self.frontier_capacity)
+        # every child is a rerank candidate (a static first round keeps its own tree: first_round is False without)
+        first = plan.first_round[:, None, None]
+        keep = torch.where(first, keep, c.valid)
+        if self.cfg.rerank_pool == "beam":  # the W best of the level by path value grow, to the deepest level
+            beam = budget_top_n(c.valid.flatten(1), c.joint.flatten(1), plan.width).view_as(c.valid)
+            expand = torch.where(first, expand, beam)
+        frontier = append(pool, c, keep, expand, order, self.pool_capacity - 1)
+        return _in_top(pool, frontier, self.rerank_total(self.cfg), self.frontier_capacity)
 
     def finalize(self, plan: RoundPlan, pool: DraftPool, round_ms: torch.Tensor | None = None) -> DraftTree:
-        """All pool nodes, or the ``rerank_nodes`` best by path value; with ``node_budget="auto"`` and a measured
-        ``round_ms``, the cost-optimal best-first cut (at most ``rerank_nodes`` where set)."""
+        """All pool nodes, or the :meth:`rerank_total` best by path value; with ``node_budget="auto"`` and a measured
+        ``round_ms``, the cost-optimal best-first cut (at most :meth:`rerank_total` where set)."""
         if round_ms is None or not self.wants_cost:
-            if not self.cfg.rerank_nodes:
+            if not self.rerank_total(self.cfg):
                 return super().finalize(plan, pool)
             return rerank(pool, self.tree_capacity - 1, self.max_depth)  # the pool holds no more than that
         return finalize_nodes(pool, cost_cut(pool, self._rerank_cap(round_ms)), self.max_depth, self.tree_capacity)
@@ -141,8 +189,9 @@ class SagePolicy(FixedShapePolicy):
         return (cost_cut(pool, self._rerank_cap(round_ms)) & (pool.depths[:, 1:-1] == level)).any()
 
     def _rerank_cap(self, round_ms: torch.Tensor) -> torch.Tensor:
-        """``round_ms`` priced at infinity past ``rerank_nodes`` nodes (where set): the cut keeps at most that many."""
-        n = self.cfg.rerank_nodes
+        """``round_ms`` priced at infinity past :meth:`rerank_total` nodes (where set): the cut keeps at most that
+        many."""
+        n = self.rerank_total(self.cfg)
         if not n or n + 1 >= round_ms.shape[0]:
             return round_ms
         return torch.cat([round_ms[: n + 1], torch.full_like(round_ms[n + 1 :], float("inf"))])

@@ -14,11 +14,15 @@ from sage_plugin.engines.speculative import RoundLog
 def test_sweep_methods_hold_every_budget():
     methods = sweep_methods(SageConfig(), [4, 32])
     specs = {s.name: s.config for s in methods}
-    names = ("eagle2", "topn", "static", "sage-paper", "sage-paper-calibrated", "sage-rerank", "sage")
+    names = ("eagle2", "topn", "static", "sage-paper", "sage-paper-calibrated", "sage-rerank", "sage-children",
+             "sage-beam", "sage")  # fmt: skip
     assert set(specs) == {f"{m}@{n}" for m in names for n in (4, 32)}
     assert {s.name for s in methods if s.tuned} == {"sage-paper-calibrated@4", "sage-paper-calibrated@32"}
     assert specs["sage-paper-calibrated@4"] == specs["sage-paper@4"]  # until the bench fits its table
     assert specs["sage-rerank@4"].max_tree_nodes == 4 and specs["sage-rerank@4"].n_max == 64
+    for pool in ("children", "beam"):
+        cfg = specs[f"sage-{pool}@4"]
+        assert cfg.max_tree_nodes == 4 and cfg.rerank_pool == pool and cfg.node_budget == "fixed"
     for n in (4, 32):
         assert specs[f"eagle2@{n}"].max_tree_nodes == n and specs[f"topn@{n}"].max_tree_nodes == n
         assert specs[f"sage-paper@{n}"].max_tree_nodes == n == specs[f"sage@{n}"].max_tree_nodes  # no 25-node round 1

@@ -25,6 +25,7 @@ BAD_VALUES: dict[str, list] = {
     "first_round_static": [1, "yes", None],
     "pad_forwards": [0, "no", None],
     "rerank_nodes": [-1, 2000, 1.5, "4"],
+    "rerank_pool": ["beams", "", None],
     "calibration": [[[0.5, 0.0]], [[1.5]], [[0.5], [0.5, 0.6]], [0.5]],
     "tiers": [[[0, 2]], [[1, 1]], [[3, 5], [3, 5]], [[2, 4, 6]], [3, 5], "3:5"],
     "tier_probe_every": [-1, 1.5, "16", None],
@@ -163,6 +164,13 @@ def test_replace():
         cfg.replace(n_max=-1)
     with pytest.raises(ConfigError, match="bogus"):
         cfg.replace(bogus=1)
+
+
+@pytest.mark.parametrize("change", [dict(rerank_nodes=8), dict(rerank_pool="children"), dict(rerank_pool="beam")])
+def test_reranking_needs_the_online_topology(change):
+    SageConfig().replace(**change)  # online: accepted
+    with pytest.raises(ConfigError, match="rerank_nodes and rerank_pool work with topology online"):
+        SageConfig(topology="planned").replace(**change)
 
 
 def test_derived_sizes():

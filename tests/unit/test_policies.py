@@ -235,7 +235,11 @@ def run_ref(cfg: SageConfig, world: World, req: int, rounds: int):
 
 def policy_budget(cfg: SageConfig, first_round: bool) -> int:
     if cfg.policy == "sage":
-        return len(cfg.static_tree) if (first_round and cfg.first_round_static) else cfg.n_max
+        static = first_round and cfg.first_round_static
+        pooled = cfg.rerank_pool != "kept"  # every child pooled: only the rerank bounds the tree
+        built = len(cfg.static_tree) if static else 1024 if pooled else cfg.n_max
+        total = cfg.rerank_nodes or (cfg.n_max if cfg.rerank_pool != "kept" else 0)
+        return min(built, total) if total else built
     return policy_class(cfg.policy).max_nodes_for(cfg)
 
 
@@ -326,6 +330,12 @@ SAGE_VARIANTS = {
     # calibrated path values: a table that reorders nodes (flat rows, a low-alpha row that trusts nothing)
     "rerank": dict(rerank_nodes=5),
     "rerank_calibrated": dict(rerank_nodes=3, calibration=((0.1, 0.5, 0.9),)),
+    # every child pooled: SAGE's rule (n_max counting drafted nodes) or the W-best beam grows, pruned to the N best
+    "rerank_children": dict(rerank_nodes=6, rerank_pool="children"),
+    "rerank_children_parent_order": dict(rerank_nodes=9, rerank_pool="children", budget_order="parent_order"),
+    "rerank_beam": dict(rerank_nodes=7, rerank_pool="beam"),
+    "beam_n_max": dict(rerank_pool="beam"),
+    "rerank_beam_calibrated": dict(rerank_nodes=4, rerank_pool="beam", calibration=((0.2, 0.6, 0.9),)),
     "calibrated": dict(calibration=((0.05, 0.3, 0.3, 0.6, 0.9), (0.2, 0.2, 0.5, 0.8, 1.0))),
     "calibrated_joint": dict(calibration=((0.1, 0.4, 0.7, 0.7, 0.95),), threshold_on="joint", parent_prob="joint"),
 }
@@ -341,7 +351,7 @@ SAGE_VARIANTS = {
 )
 def test_sage_matches_reference(variant, seed, k, n_max, theta0):
     cfg = SageConfig(**SAGE_BASE, **SAGE_VARIANTS[variant], k=k, w_min=min(2, k), w_max=k, n_max=n_max, theta0=theta0)
-    check_policy(cfg, seed, single=variant in ("default", "budget_parent_order", "calibrated", "rerank"))
+    check_policy(cfg, seed, single=variant in ("default", "budget_parent_order", "calibrated", "rerank", "rerank_beam"))
 
 
 def test_sage_d_max_moves_and_first_round_is_static():

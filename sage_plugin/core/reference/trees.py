@@ -6,7 +6,11 @@ frontier, in insertion order).  Only the "online" topology is modelled (``cfg.to
 
 * **sage** (non-static rounds): :func:`~.rules.sage_level_ref`, kept nodes expanded while ``l < D``; the first
   round uses ``cfg.static_tree`` when ``cfg.first_round_static``; with ``rerank_nodes`` N, finally the N best
-  nodes by joint (as eagle2's rerank);
+  nodes by joint (as eagle2's rerank).  With ``rerank_pool`` ``children`` / ``beam`` (non-static rounds) every
+  candidate is kept, in priority order; ``children`` expands those SAGE's rule keeps (``n_max`` counting the nodes
+  drafted so far), ``beam`` the ``W`` best by joint down to the deepest level; in every round the frontier is then
+  cut to its nodes among the N best drafted so far (ties: earlier node), at most ``max(k, static width)``
+  (N = ``rerank_nodes``, or ``n_max`` when 0);
 * **static**: :func:`~.rules.static_level_ref`, expanding a node iff its rank path is a proper prefix of one;
 * **chain**: keep rank 0, expand while ``l < chain_depth``;
 * **eagle2**: keep every candidate; expand the k best by joint among the level's candidates while
@@ -131,6 +135,34 @@ def _select_sage(cfg, lv: _Level, m: Margin) -> list[tuple[RefNode, bool]]:
     refs = [_as_cand(pos, c, lv.nodes[c.parent]) for pos, c in lv.cands]
     kept = sage_level_ref(cfg, lv.level, refs, lv.depth, lv.width, len(lv.nodes) - 1, m)
     return [(by_pos[c.position], lv.level < lv.depth) for c in kept]
+
+
+def _select_sage_pool(cfg, lv: _Level, m: Margin) -> list[tuple[RefNode, bool]]:
+    """``rerank_pool`` children / beam: every candidate, in priority order, with SAGE's or the beam's expansion."""
+    if cfg.budget_order == "best_first":
+        ordered = sorted(lv.cands, key=lambda item: (-item[1].joint, item[0]))
+    else:
+        ordered = sorted(lv.cands, key=lambda item: item[0])
+    if cfg.rerank_pool == "beam":
+        beam = sorted(lv.cands, key=lambda item: (-item[1].joint, item[0]))
+        if len(beam) > lv.width:
+            m.ratio(beam[lv.width - 1][1].joint, beam[lv.width][1].joint, "beam cut")
+        grow = {pos for pos, _ in beam[: lv.width]} if lv.level < lv.depth else set()
+    else:
+        refs = [_as_cand(pos, c, lv.nodes[c.parent]) for pos, c in lv.cands]
+        drafted = sum(n.conf is not None for n in lv.nodes) - 1
+        kept = sage_level_ref(cfg, lv.level, refs, lv.depth, lv.width, drafted, m)
+        grow = {c.position for c in kept} if lv.level < lv.depth else set()
+    return [(c, pos in grow) for pos, c in ordered]
+
+
+def _in_top_ref(nodes: list[RefNode], frontier: list[int], total: int, width: int, m: Margin) -> list[int]:
+    """The first ``width`` frontier nodes among the ``total`` best draft nodes by joint (ties: earlier node)."""
+    order = sorted(range(1, len(nodes)), key=lambda i: (-nodes[i].joint, i))
+    if len(order) > total:
+        m.ratio(nodes[order[total - 1]].joint, nodes[order[total]].joint, "pool top-N cut")
+    top = set(order[:total])
+    return [i for i in frontier if i in top][:width]
 
 
 def _select_static(cfg, lv: _Level, m: Margin) -> list[tuple[RefNode, bool]]:
@@ -275,13 +307,21 @@ def build_tree_ref(
     static_first = bool(first_round and cfg.policy == "sage" and cfg.first_round_static)
     if cfg.policy == "sage":
         depth, width, alpha, _ = plan_ref(cfg, state_alpha, root_probs, d_max_cur, m)
+        static_depth = max(len(p) for p in cfg.static_tree)
         if static_first:
-            depth = max(len(p) for p in cfg.static_tree)
+            depth = static_depth
+        elif cfg.rerank_pool == "beam":
+            depth = max(cfg.d_cap if cfg.use_history else cfg.d_max, static_depth if cfg.first_round_static else 0)
     else:
         sizes = {"eagle2": cfg.eagle_depth, "chain": cfg.chain_depth, "static": max(len(p) for p in cfg.static_tree),
                  "topn": cfg.topn_max_depth}  # fmt: skip
         depth, width, alpha = sizes[cfg.policy], cfg.k, state_alpha
     select = SELECTORS["static" if static_first else cfg.policy]
+    pooled = cfg.policy == "sage" and cfg.rerank_pool != "kept"
+    if pooled and not static_first:
+        select = _select_sage_pool
+    static_widths = [sum(len(p) == d for p in cfg.static_tree) for d in range(1, 65)]
+    frontier_width = max(cfg.k, max(static_widths) if cfg.first_round_static else 0)
 
     nodes = [RefNode(path=(), ranks=(), token=int(root_token), parent=-1, depth=0)]
     frontier, level = [0], 0
@@ -294,7 +334,10 @@ def build_tree_ref(
             nodes.append(node)
             if grow:
                 frontier.append(len(nodes) - 1)
-    total = {"eagle2": cfg.eagle_total_tokens, "topn": cfg.topn_nodes, "sage": cfg.rerank_nodes or None}.get(cfg.policy)
+        if pooled:
+            frontier = _in_top_ref(nodes, frontier, cfg.rerank_nodes or cfg.n_max, frontier_width, m)
+    sage_total = cfg.rerank_nodes or (cfg.n_max if pooled else None)
+    total = {"eagle2": cfg.eagle_total_tokens, "topn": cfg.topn_nodes, "sage": sage_total}.get(cfg.policy)
     if total is not None and len(nodes) - 1 > total:
         nodes = _rerank(nodes, total, m)
     return RefTree(nodes, depth, width, alpha, root_alpha, static_first, m.value, m.where)

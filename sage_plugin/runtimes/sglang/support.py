@@ -63,6 +63,7 @@ SGLANG_SUPPORT = RuntimeSupport(
         "pad_forwards": "with node_budget auto only (a fixed verify width has nothing to pad)",
         "calibration": "SGLang's beam ranks candidates by its own draft scores",
         "rerank_nodes": "SGLang fills --speculative-num-draft-tokens with the best candidates after SAGE's shape",
+        "rerank_pool": "SGLang's beam holds the candidates; SAGE's pool options are the reference engine's",
         "eagle_depth": "baseline policies only",
         "eagle_total_tokens": "baseline policies only",
         "chain_depth": "baseline policies only",
