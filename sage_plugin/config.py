@@ -48,6 +48,9 @@ same for 1 or 64 tokens (a GPU at small batch) the two agree.  Only SAGE uses it
 published shapes.  With ``auto``, ``pad_forwards`` (default on) runs each verify and draft level at the cheapest
 measured size at or above its own (masked padding rows), and prices each size by that: on a CPU whose BLAS is slow at
 2-3 rows a 3-token verify costs more than an 8-token one (``docs/algorithm.md``, "sizing trees to the device").
+``cost_refresh`` R re-prices the measured curve every R rounds from the medians of the run's own forward timings
+(:mod:`sage_plugin.engines.cost_samples`); 0 (default) keeps the start-up sample, so that within one engine a
+seeded sampling run repeats exactly (the tree shapes, and with them the random draws, follow the prices).
 
 Serving tiers: ``tiers`` lists the ``[steps, draft_tokens]`` shapes a graph-capturing runtime (SGLang) prepares at
 start-up, ``[0, 1]`` meaning speculation off; each step runs the one with the most expected tokens per second under
@@ -121,6 +124,7 @@ class SageConfig:
     rerank_pool: str = "kept"
     node_budget: str = "auto"  # auto: also the cost-optimal cut under the measured verify cost; fixed: n_max only
     pad_forwards: bool = True  # auto budget: run forwards at the cheapest measured size >= theirs, priced so
+    cost_refresh: int = 0  # auto budget: re-price every R rounds from in-loop timing medians; 0: start-up only
     # calibrated path values (core/calibration.py): rows = parent-alpha bins, columns = draft-probability bins,
     # acceptance rates in (0, 1] (`sage calibrate` fits one); empty: the draft's own probabilities
     calibration: tuple[tuple[float, ...], ...] = ()
@@ -181,6 +185,7 @@ class SageConfig:
         _float_in("alpha_init", self.alpha_init, 0.0, 1.0)
         _bool("first_round_static", self.first_round_static)
         _bool("pad_forwards", self.pad_forwards)
+        _int_in("cost_refresh", self.cost_refresh, 0, 1_000_000)
         _validate_calibration(self.calibration)
         _validate_tiers(self.tiers)
         _int_in("tier_probe_every", self.tier_probe_every, 0, 1_000_000)

@@ -250,16 +250,17 @@ def print_report(summary: dict, opts: BenchOptions, engine: SpecEngine) -> None:
     if by_category is not None:
         print("\ntau by category:\n" + by_category)
     print("\ntau = decode tokens per target forward (bonus included; ar = 1.00); accepted/round excludes the bonus.")
-    for (b, _, _, pad), c in engine.round_costs.items():
-        v = c.verify_ms
+    for key, c in engine.round_costs.items():
+        (b, _, _, pad), v = key, c.verify_ms
+        how = "start-up and in-loop medians" if key in engine.cost_samples else "measured here"
         shown = ", ".join(
             f"{q + 1}: {float(v[q]):.1f}" + (f" (runs {c.verify_nodes(q) + 1})" if c.verify_nodes(q) != q else "")
             for q in (0, 1, 2, 3, 5, 8, 15, 24)
             if q < len(v)
         )
         print(
-            f"node_budget=auto{', padded' if pad else ''}, batch {b}: target forward ms by verified tokens (measured "
-            f"here) {shown}; draft forward {c.draft_ms:.1f} ms"
+            f"node_budget=auto{', padded' if pad else ''}, batch {b}: target forward ms by verified tokens ({how}) "
+            f"{shown}; draft forward {c.draft_ms:.1f} ms"
         )
 
 

@@ -8,17 +8,16 @@ reported by ``sage bench`` as ``profile_s``), like SGLang's CUDA-graph capture a
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 
 import torch
 
-from ..core.cost import RoundCost
+from .cost_samples import CostSamples
 from .kv import SeqState
 from .lm import EngineModel
 
-__all__ = ["measure_round_cost", "NODE_COUNTS"]
+__all__ = ["measure_cost_samples", "NODE_COUNTS"]
 
 #: node counts (root excluded) timed; the others are interpolated.  Dense where a few-row BLAS call can cost more
 #: than a larger one (the padding targets), sparse past it.
@@ -48,7 +47,7 @@ def _forward_ms(model: EngineModel, state: SeqState, q: int, repeats: int, sync)
 
 
 @torch.inference_mode()
-def measure_round_cost(
+def measure_cost_samples(
     target: EngineModel,
     draft: EngineModel,
     tstate: SeqState,
@@ -60,7 +59,8 @@ def measure_round_cost(
     sync=lambda: None,
     pad: bool = False,
     max_width: int = 0,
-) -> RoundCost:
+    refresh: int = 0,
+) -> CostSamples:
     """Time the target at the :data:`NODE_COUNTS` up to ``max_nodes`` and the draft at ``draft_width`` tokens.
 
     Counts are timed in increasing order until one costs more than ``stop_ratio`` plain steps: larger trees are
@@ -75,20 +75,24 @@ def measure_round_cost(
         pad: price and run forwards at the cheapest measured size at or above theirs
             (:meth:`RoundCost.from_samples`); the draft is then also timed at every width ``1..max_width`` (at most
             :data:`MAX_PADDED_WIDTH`) and ``draft_ms`` is the padded ``draft_width``'s.
+        refresh: the samples' in-loop rebuild period (:class:`~.cost_samples.CostSamples`).
+
+    Returns:
+        the samples (each timing the median of ``repeats``); ``.cost()`` is the :class:`RoundCost`.
     """
     counts = [c for c in NODE_COUNTS if c < max_nodes] + [max_nodes]
-    measured, ms = [], []
+    out = CostSamples(max_nodes=max_nodes, pad=pad, typical_width=max(1, draft_width), refresh=refresh)
+    first = None
     for c in counts:
-        measured.append(c)
-        ms.append(_forward_ms(target, tstate, c + 1, repeats, sync))
-        if ms[-1] > stop_ratio * ms[0]:
+        ms = _forward_ms(target, tstate, c + 1, repeats, sync)
+        out.add_verify(c, ms)
+        out.limit = c
+        first = ms if first is None else first
+        if ms > stop_ratio * first:
             break
-    widths = list(range(1, min(max_width, MAX_PADDED_WIDTH) + 1)) if pad else []
-    width_ms = [_forward_ms(draft, dstate, w, repeats, sync) for w in widths]
-    cost = RoundCost.from_samples(measured, ms, 0.0, max_nodes, pad, widths, width_ms)
-    typical = cost.draft_width(max(1, draft_width))
-    draft_ms = width_ms[typical - 1] if typical <= len(width_ms) else _forward_ms(draft, dstate, typical, repeats, sync)
-    cost = dataclasses.replace(cost, draft_ms=draft_ms)
-    if measured[-1] < max_nodes:
-        cost.verify_ms[measured[-1] + 1 :] = float("inf")
-    return cost
+    for w in range(1, min(max_width, MAX_PADDED_WIDTH) + 1) if pad else ():
+        out.add_draft(w, _forward_ms(draft, dstate, w, repeats, sync))
+    typical = out.cost().draft_width(out.typical_width) if out.draft else out.typical_width
+    if typical not in out.draft:
+        out.add_draft(typical, _forward_ms(draft, dstate, typical, repeats, sync))
+    return out.start()

@@ -18,9 +18,10 @@ i.e. deciding the tree shape, the paper's "tree update" time) is summed in ``las
 run asynchronously (a per-call synchronisation would distort the timing it reports).
 
 A policy with ``wants_cost`` (SAGE, ``node_budget="auto"``) also gets the round cost measured on this device
-(:func:`~sage_plugin.engines.profile.measure_round_cost`, once per batch size, timed apart from prefill and decode
+(:func:`~sage_plugin.engines.profile.measure_cost_samples`, once per batch size, timed apart from prefill and decode
 in ``last_profile_s``): it stops drafting levels that would not be verified and cuts the tree to the cost-optimal
-size (:mod:`sage_plugin.core.cost`).
+size (:mod:`sage_plugin.core.cost`).  With ``cost_refresh`` the engine also times the forwards it runs and
+re-prices the curve from their medians every ``cost_refresh`` rounds (:mod:`.cost_samples`).
 
 Plain decoding (``policy=None``) runs through the same KV machinery, one token per forward.
 
@@ -42,9 +43,10 @@ from ..core.expand import Frontier, new_pool
 from ..core.policies import TreePolicy
 from ..core.tree import DraftTree, ancestor_mask
 from ..core.verify import VerifyResult, greedy_verify, process_logits, sample_tokens, sample_verify
+from .cost_samples import CostSamples
 from .kv import SeqState
 from .lm import EngineModel, GenRequest
-from .profile import measure_round_cost
+from .profile import measure_cost_samples
 from .rounds import PolicyClock, SpecBatch, rows_of
 
 __all__ = ["SamplingParams", "GenOutput", "RoundLog", "SpecEngine"]
@@ -107,8 +109,11 @@ class SpecEngine:
         self.last_decode_s = 0.0
         self.last_profile_s = 0.0
         self.last_policy_s = 0.0
-        #: measured round costs by ``(batch, max tree nodes, frontier capacity)``; set an entry to pin one
-        self.round_costs: dict[tuple[int, int, int], RoundCost] = {}
+        #: measured round costs by ``(batch, max tree nodes, frontier capacity, padded)``; set an entry to pin one
+        self.round_costs: dict[tuple[int, int, int, bool], RoundCost] = {}
+        #: the timings behind each measured entry, refined in the loop (a pinned entry has none)
+        self.cost_samples: dict[tuple[int, int, int, bool], CostSamples] = {}
+        self._live: CostSamples | None = None  # the samples this decode's forwards are added to
 
     # ------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -133,7 +138,7 @@ class SpecEngine:
             dstate = SeqState.from_prefills([self.draft.prefill(r) for r in requests])
         self._sync()
         t_prefill = time.perf_counter() - t0
-        cost, t_profile = self._round_cost(policy, tstate, dstate) if policy is not None else (None, 0.0)
+        key, t_profile = self._round_cost(policy, tstate, dstate) if policy is not None else (None, 0.0)
         t1 = time.perf_counter()
         active = self._emit(outputs, list(range(len(requests))), roots[:, None], torch.ones_like(roots), params)
         rows = rows_of(active, self.device)
@@ -146,28 +151,40 @@ class SpecEngine:
         else:
             dstate.select(rows)
             first = feats[rows] if self.eagle else None
-            self._decode_spec(clock, tstate, dstate, roots, ids, outputs, params, gen, cost, first)
+            self._live = self.cost_samples.get(key)
+            try:
+                self._decode_spec(clock, tstate, dstate, roots, ids, outputs, params, gen, key, first)
+            finally:
+                self._live = None
         self._sync()
         t2 = time.perf_counter()
         self.last_prefill_s, self.last_decode_s, self.last_profile_s = t_prefill, t2 - t1, t_profile
         self.last_policy_s = clock.seconds if clock is not None else 0.0
         return outputs
 
-    def _round_cost(self, policy: TreePolicy, tstate: SeqState, dstate: SeqState) -> tuple[RoundCost | None, float]:
-        """The round cost for this batch size and tree size (measured on first use, then kept) and the seconds
-        spent measuring it now; ``(None, 0.0)`` for a policy that does not use it."""
+    def _round_cost(self, policy: TreePolicy, tstate: SeqState, dstate: SeqState) -> tuple[tuple | None, float]:
+        """The :attr:`round_costs` key of this batch size and tree size (measured on first use, then kept) and the
+        seconds spent measuring it now; ``(None, 0.0)`` for a policy that does not use it."""
         if not policy.wants_cost:
             return None, 0.0
         key = (tstate.next_pos.shape[0], policy.pool_capacity - 1, policy.frontier_capacity, policy.pad_forwards)
         if key in self.round_costs:
-            return self.round_costs[key], 0.0
+            return key, 0.0
         t0 = time.perf_counter()
         width = min(policy.frontier_capacity, 4)  # a typical level: SAGE narrows from W (2-10) with depth
-        self.round_costs[key] = measure_round_cost(
+        samples = measure_cost_samples(
             self.target, self.draft, tstate, dstate, policy.pool_capacity - 1, width, sync=self._sync,
-            pad=policy.pad_forwards, max_width=policy.frontier_capacity,
+            pad=policy.pad_forwards, max_width=policy.frontier_capacity, refresh=policy.cfg.cost_refresh,
         )  # fmt: skip
-        return self.round_costs[key], time.perf_counter() - t0
+        self.round_costs[key] = samples.cost()
+        if samples.refresh:
+            self.cost_samples[key] = samples
+        return key, time.perf_counter() - t0
+
+    def _timed_forward(self, model: EngineModel, kind: str, size: int, *args) -> torch.Tensor:
+        """``model.forward(*args)``, timed into the live cost samples when this decode keeps them."""
+        live = self._live
+        return model.forward(*args) if live is None else live.timed(model, kind, size, self._sync, *args)
 
     # ------------------------------------------------------------------------------------------
     def _sync(self) -> None:
@@ -233,14 +250,16 @@ class SpecEngine:
 
     # ------------------------------------------------------------------------------------------
     def _decode_spec(
-        self, policy: TreePolicy, tstate, dstate, roots, ids, outputs, params, gen, cost=None, feats=None
+        self, policy: TreePolicy, tstate, dstate, roots, ids, outputs, params, gen, key=None, feats=None
     ) -> None:
         """Speculative rounds until every request stops: catch-up, expansion, verification, commit.
 
-        ``feats`` [B, 1, 3H]: an EAGLE-3 draft's feature for the first root (the target prefill's last row).
+        ``key``: the :attr:`round_costs` entry priced (None: no cost); ``feats`` [B, 1, 3H]: an EAGLE-3 draft's
+        feature for the first root (the target prefill's last row).
         """
         batch = SpecBatch.start(policy, roots, ids, params, self.device, feats)
         while batch.ids:
+            cost = self.round_costs[key] if key is not None else None
             pad = cost if policy.pad_forwards else None
             root_logprobs, root_slot, root_hidden = self._catch_up(dstate, batch, pad)
             plan = policy.plan(batch.pstate, root_logprobs)
@@ -253,6 +272,8 @@ class SpecEngine:
             self._commit(tstate, dstate, batch, tree, res, slot_of, t0)
             batch.pstate = policy.observe(batch.pstate, plan, tree, res.accepted_nodes, res.num_accepted, pool)
             self._log_round(outputs, batch.ids, plan, tree, res, forwards)
+            if self._live is not None and self._live.end_round():
+                self.round_costs[key] = self._live.cost()
             active = self._emit(outputs, batch.ids, res.emitted, res.num_accepted + 1, params)
             batch.roots = res.bonus
             if not all(active):
@@ -279,7 +300,8 @@ class SpecEngine:
         s0 = dstate.num_slots
         causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril().expand(bsz, q, q)
         args = (dstate, batch.pending[:, :q], dstate.next_pos[:, None] + ar, dstate.attention_mask(causal, qv))
-        logits = self.draft.forward(*args, batch.pend_feats[:, :q]) if self.eagle else self.draft.forward(*args)
+        feats = (batch.pend_feats[:, :q],) if self.eagle else ()
+        logits = self._timed_forward(self.draft, "draft", q, *args, *feats)
         dstate.commit(torch.where(qv, s0 + ar, -1))
         dstate.next_pos += batch.pend_len
         last = (batch.pend_len - 1)[:, None, None]
@@ -333,10 +355,11 @@ class SpecEngine:
                 dstate.attention_mask(eye, fvalid, extra),
             )
             if hid is None:
-                logits = self.draft.forward(*args)
+                logits = self._timed_forward(self.draft, "draft", width, *args)
             else:
                 par = pool.parents.gather(1, fidx.clamp(min=0)).clamp(min=0)
-                logits = self.draft.forward(*args, hid.gather(1, par[..., None].expand(-1, -1, hid.shape[-1])))
+                parent_out = hid.gather(1, par[..., None].expand(-1, -1, hid.shape[-1]))
+                logits = self._timed_forward(self.draft, "draft", width, *args, parent_out)
                 dst = torch.where(fvalid, fidx, policy.pool_capacity)[..., None].expand(-1, -1, hid.shape[-1])
                 hid.scatter_(1, dst, self.draft.last_hidden)
             slot_of.scatter_(
@@ -360,7 +383,8 @@ class SpecEngine:
         tokens, parents, depths = tree.tokens[:, :run], tree.parents[:, :run], tree.depths[:, :run]
         t0 = tstate.num_slots
         mask = tstate.attention_mask(ancestor_mask(parents, tree.max_depth), tree.valid()[:, :run])
-        logits = self.target.forward(tstate, tokens, tstate.next_pos[:, None] + depths.clamp(min=0), mask)[:, :n]
+        pos = tstate.next_pos[:, None] + depths.clamp(min=0)
+        logits = self._timed_forward(self.target, "verify", run - 1, tstate, tokens, pos, mask)[:, :n]
         if self.eagle:
             batch.tree_feats = self.target.last_features[:, :n]
         trimmed = tree.narrow(n)

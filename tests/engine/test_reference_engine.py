@@ -161,6 +161,31 @@ def test_round_cost_is_measured_once_per_batch_size(engine):
     assert fresh.last_profile_s == 0.0 and len(fresh.round_costs) == 1, "fixed budget: nothing to measure"
 
 
+def test_in_loop_cost_refresh_times_the_rounds_and_stays_lossless(engine):
+    """``cost_refresh`` 2: every round's verify and draft forwards are timed into the kept samples and the entry
+    re-priced every 2 rounds; outputs stay those of plain decoding.  ``cost_refresh`` 0 keeps no samples."""
+    reqs = _requests(3)
+    sp = SamplingParams(max_new_tokens=30)
+    ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
+    fresh = SpecEngine(engine.target, engine.draft)
+    pol = build_policy(SageConfig(cost_refresh=2))
+    out = fresh.generate(reqs, sp, pol)
+    assert {o.request_id: o.tokens for o in out} == ref
+    ((key, samples),) = fresh.cost_samples.items()
+    assert samples.rounds == max(len(o.rounds) for o in out) and samples.used <= set(range(pol.pool_capacity))
+    assert samples.used, "verify forwards were timed in the loop"
+    timed_before = sum(len(d) for d in samples.verify.values())
+    out = fresh.generate(reqs, sp, pol)
+    assert fresh.last_profile_s == 0.0 and {o.request_id: o.tokens for o in out} == ref
+    assert samples.rounds > max(len(o.rounds) for o in out), "the same samples keep counting"
+    assert sum(len(d) for d in samples.verify.values()) >= timed_before
+    if samples.rounds % 2 == 0:  # the last round re-priced the entry
+        assert fresh.round_costs[key].verify_ms.tolist() == samples.cost().verify_ms.tolist()
+    static = SpecEngine(engine.target, engine.draft)
+    static.generate(reqs, sp, build_policy(SageConfig()))
+    assert not static.cost_samples and len(static.round_costs) == 1
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_sage_cost_cut_stays_lossless_and_sizes_trees_to_the_cost(engine, batch):
     """Pinned round costs: flat keeps SAGE's trees, a mild per-token cost cuts them, a steep one leaves the root.

@@ -18,6 +18,7 @@ OTHER_VALUES: dict[str, list] = {
     "alpha_init": [0.3],
     "first_round_static": [False],
     "pad_forwards": [False],
+    "cost_refresh": [16, 1],
     "rerank_nodes": [8],
     "rerank_pool": ["children", "beam"],
     "calibration": [((0.2, 0.6), (0.4, 0.9))],

@@ -24,6 +24,7 @@ BAD_VALUES: dict[str, list] = {
     "alpha_init": [-0.01, 1.01, math.nan, None],
     "first_round_static": [1, "yes", None],
     "pad_forwards": [0, "no", None],
+    "cost_refresh": [-1, 1.5, "16", None],
     "rerank_nodes": [-1, 2000, 1.5, "4"],
     "rerank_pool": ["beams", "", None],
     "calibration": [[[0.5, 0.0]], [[1.5]], [[0.5], [0.5, 0.6]], [0.5]],

@@ -61,6 +61,7 @@ SGLANG_SUPPORT = RuntimeSupport(
     },
     not_read={
         "pad_forwards": "with node_budget auto only (a fixed verify width has nothing to pad)",
+        "cost_refresh": "with node_budget auto only (the tiers' step clock times every step in the loop)",
         "calibration": "SGLang's beam ranks candidates by its own draft scores",
         "rerank_nodes": "SGLang fills --speculative-num-draft-tokens with the best candidates after SAGE's shape",
         "rerank_pool": "SGLang's beam holds the candidates; SAGE's pool options are the reference engine's",

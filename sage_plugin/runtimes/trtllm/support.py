@@ -38,6 +38,7 @@ _BASELINES = {
     "prune_ratio_video": "no draft-side visual-token pruning in the TensorRT-LLM adapter",
 }
 _NO_PAD = "with node_budget auto only (a fixed verify width has nothing to pad)"
+_NO_COST = "with node_budget auto only (a fixed verify width needs no cost curve)"
 _TIERS = {
     "tiers": "TensorRT-LLM's draft lengths are set by its own config (max_draft_len, max_total_draft_tokens)",
     "tier_probe_every": "no tiers",
@@ -72,6 +73,7 @@ TRTLLM_SUPPORT = RuntimeSupport(
         "keep_top1": _CHAIN,
         "topology": "a chain has no topology to plan",
         "pad_forwards": _NO_PAD,
+        "cost_refresh": _NO_COST,
         "calibration": "a chain has no nodes to rank",
         "rerank_nodes": "a chain has no nodes to rank",
         "rerank_pool": "a chain has no nodes to rank",
@@ -113,6 +115,7 @@ TRTLLM_TREE_SUPPORT = RuntimeSupport(
     not_read={
         "static_tree": "the first-round static tree is not applied (first_round_static)",
         "pad_forwards": _NO_PAD,
+        "cost_refresh": _NO_COST,
         "calibration": "the worker ranks candidates by its own draft scores",
         "rerank_nodes": "the worker resamples max_total_draft_tokens nodes by its own scores",
         "rerank_pool": "the worker resamples max_total_draft_tokens nodes by its own scores",
