@@ -233,11 +233,11 @@ def bench_config(opts: BenchOptions, base: SageConfig, methods: list[MethodSpec]
         "python": platform.python_version(),
         "torch": torch.__version__,
         "round_costs": {
-            f"batch {b}, {n} nodes{', padded' if pad else ''}": {
+            f"batch {b}, {n} nodes{', padded' if pad else ''}{f', re-priced every {r} rounds' if r else ''}": {
                 "verify_ms": [round(float(x), 2) for x in c.verify_ms], "draft_ms": round(c.draft_ms, 2),
                 "verify_run": list(c.verify_run), "draft_run": list(c.draft_run),
             }
-            for (b, n, _, pad), c in setup.engine.round_costs.items()
+            for (b, n, _, pad, r), c in setup.engine.round_costs.items()
         },
     }  # fmt: skip
 
@@ -251,8 +251,8 @@ def print_report(summary: dict, opts: BenchOptions, engine: SpecEngine) -> None:
         print("\ntau by category:\n" + by_category)
     print("\ntau = decode tokens per target forward (bonus included; ar = 1.00); accepted/round excludes the bonus.")
     for key, c in engine.round_costs.items():
-        (b, _, _, pad), v = key, c.verify_ms
-        how = "start-up and in-loop medians" if key in engine.cost_samples else "measured here"
+        (b, _, _, pad, r), v = key, c.verify_ms
+        how = f"start-up and in-loop medians, every {r} rounds" if r else "measured here"
         shown = ", ".join(
             f"{q + 1}: {float(v[q]):.1f}" + (f" (runs {c.verify_nodes(q) + 1})" if c.verify_nodes(q) != q else "")
             for q in (0, 1, 2, 3, 5, 8, 15, 24)

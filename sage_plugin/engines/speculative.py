@@ -109,10 +109,10 @@ class SpecEngine:
         self.last_decode_s = 0.0
         self.last_profile_s = 0.0
         self.last_policy_s = 0.0
-        #: measured round costs by ``(batch, max tree nodes, frontier capacity, padded)``; set an entry to pin one
-        self.round_costs: dict[tuple[int, int, int, bool], RoundCost] = {}
-        #: the timings behind each measured entry, refined in the loop (a pinned entry has none)
-        self.cost_samples: dict[tuple[int, int, int, bool], CostSamples] = {}
+        #: measured round costs by :meth:`cost_key`; set an entry to pin one
+        self.round_costs: dict[tuple[int, int, int, bool, int], RoundCost] = {}
+        #: the timings behind each measured entry refined in the loop (``cost_refresh`` > 0; a pinned entry has none)
+        self.cost_samples: dict[tuple[int, int, int, bool, int], CostSamples] = {}
         self._live: CostSamples | None = None  # the samples this decode's forwards are added to
 
     # ------------------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ class SpecEngine:
         seconds spent measuring it now; ``(None, 0.0)`` for a policy that does not use it."""
         if not policy.wants_cost:
             return None, 0.0
-        key = (tstate.next_pos.shape[0], policy.pool_capacity - 1, policy.frontier_capacity, policy.pad_forwards)
+        key = self.cost_key(policy, tstate.next_pos.shape[0])
         if key in self.round_costs:
             return key, 0.0
         t0 = time.perf_counter()
@@ -180,6 +180,11 @@ class SpecEngine:
         if samples.refresh:
             self.cost_samples[key] = samples
         return key, time.perf_counter() - t0
+
+    @staticmethod
+    def cost_key(policy: TreePolicy, batch: int) -> tuple[int, int, int, bool, int]:
+        """``(batch, max tree nodes, frontier capacity, padded, cost_refresh)``: a curve per shape and refresh."""
+        return batch, policy.pool_capacity - 1, policy.frontier_capacity, policy.pad_forwards, policy.cfg.cost_refresh
 
     def _timed_forward(self, model: EngineModel, kind: str, size: int, *args) -> torch.Tensor:
         """``model.forward(*args)``, timed into the live cost samples when this decode keeps them."""

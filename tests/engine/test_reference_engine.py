@@ -151,7 +151,7 @@ def test_round_cost_is_measured_once_per_batch_size(engine):
     fresh.generate(_requests(2), sp, pol)
     assert fresh.last_profile_s > 0
     ((key, cost),) = fresh.round_costs.items()
-    assert key == (2, pol.pool_capacity - 1, pol.frontier_capacity, True)
+    assert key == fresh.cost_key(pol, 2) == (2, pol.pool_capacity - 1, pol.frontier_capacity, True, 0)
     v = cost.verify_ms
     assert v.shape == (pol.pool_capacity,) and bool(torch.isfinite(v[:2]).all()) and bool((v[1:] >= v[:-1]).all())
     assert cost.draft_ms > 0
@@ -181,9 +181,8 @@ def test_in_loop_cost_refresh_times_the_rounds_and_stays_lossless(engine):
     assert sum(len(d) for d in samples.verify.values()) >= timed_before
     if samples.rounds % 2 == 0:  # the last round re-priced the entry
         assert fresh.round_costs[key].verify_ms.tolist() == samples.cost().verify_ms.tolist()
-    static = SpecEngine(engine.target, engine.draft)
-    static.generate(reqs, sp, build_policy(SageConfig()))
-    assert not static.cost_samples and len(static.round_costs) == 1
+    fresh.generate(reqs, sp, build_policy(SageConfig()))
+    assert len(fresh.round_costs) == 2 and len(fresh.cost_samples) == 1, "refresh 0 measures its own, kept curve"
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -204,7 +203,7 @@ def test_sage_cost_cut_stays_lossless_and_sizes_trees_to_the_cost(engine, batch)
         fresh = SpecEngine(engine.target, engine.draft)
         for b in range(1, batch + 1):
             cost = RoundCost(10.0 + per_token_ms * torch.arange(n + 1, dtype=torch.float32), 1.0)
-            fresh.round_costs[(b, n, pol.frontier_capacity, pol.pad_forwards)] = cost
+            fresh.round_costs[fresh.cost_key(pol, b)] = cost
         got = []
         for i in range(0, len(reqs), batch):
             got += fresh.generate(reqs[i : i + batch], sp, pol)
@@ -236,7 +235,7 @@ def test_padded_forwards_stay_lossless_and_run_at_the_padded_sizes(engine, batch
     mild = 10.0 + 0.05 * torch.arange(n + 1, dtype=torch.float32)  # cuts trees (as in the test above)
     fresh = SpecEngine(copy.copy(engine.target), copy.copy(engine.draft))
     for b in range(1, batch + 1):
-        fresh.round_costs[(b, n, pol.frontier_capacity, True)] = RoundCost(mild, 0.5, verify_run, draft_run)
+        fresh.round_costs[fresh.cost_key(pol, b)] = RoundCost(mild, 0.5, verify_run, draft_run)
     widths = {"target": [], "draft": []}
     for name in widths:
         model = getattr(fresh, name)
