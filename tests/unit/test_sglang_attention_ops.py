@@ -267,6 +267,36 @@ def test_target_verify_with_qlen_only_tree_mask(seed, prefix_lens, n, heads):
     torch.testing.assert_close(out_full, out_qlen, atol=1e-6, rtol=1e-6)
 
 
+def test_layers_share_a_layout_but_never_a_stale_one():
+    """The layout an extend call builds (query rows, fresh keys, visibility) is reused while the lengths and the
+    mask repeat, as across one forward's layers; calls that keep the shapes but change the mask (a new tensor or
+    the same one written in place), the paged slots or the lengths must each match the reference."""
+    g = gen(7)
+    prefix_lens, n, (h, hkv) = [5, 3], 4, (4, 2)
+    mask_obj = random_tree_masks(g, 2, n).flatten().clone()
+    layouts = []
+    for step in range(8):
+        lens = prefix_lens if step < 6 else [3, 5]  # same total, other split
+        case = extend_case(g, lens, [n, n], hkv, 8, 8)  # new paged slots and cache contents each step
+        k_cache, v_cache, rtt, rpi, k_ext, v_ext, seq, start, logical_k, logical_v = case
+        if step % 2:  # the same mask object, rewritten in place
+            mask_obj.copy_(random_tree_masks(g, 2, n).flatten())
+        masks = mask_obj.view(2, n, n)
+        q = torch.randn(2 * n, h, 8, generator=g)
+        for _layer in range(3):
+            out = torch.full((2 * n, h, 8), float("nan"))
+            call_extend(
+                q, k_ext, v_ext, out, k_cache, v_cache, rtt, rpi, seq, torch.full((2,), n), start, 0.3,
+                custom_mask=mask_obj,
+            )  # fmt: skip
+            layouts.append(cpu_ops.attention_ops._LAST[1])
+            for b, p in enumerate(lens):
+                visible = torch.cat([torch.ones(n, p, dtype=torch.bool), masks[b]], 1)
+                ref = ref_attention(q[b * n : (b + 1) * n], logical_k[b], logical_v[b], visible, 0.3)
+                torch.testing.assert_close(out[b * n : (b + 1) * n].double(), ref, atol=1e-5, rtol=1e-5)
+        assert layouts[-1] is layouts[-2] is layouts[-3], "one layout for the three layers of a step"
+
+
 def test_verify_chain_mask_equals_mask_free_causal():
     """``tree_topk == 1`` skips the mask: a chain's ancestor mask must give the mask-free causal result."""
     g = gen(7)
