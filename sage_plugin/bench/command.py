@@ -250,8 +250,8 @@ def print_report(summary: dict, opts: BenchOptions, engine: SpecEngine) -> None:
     if by_category is not None:
         print("\ntau by category:\n" + by_category)
     print("\ntau = decode tokens per target forward (bonus included; ar = 1.00); accepted/round excludes the bonus.")
-    for key, c in engine.round_costs.items():
-        (b, _, _, pad, r), v = key, c.verify_ms
+    for (b, _, _, pad, r), c in engine.round_costs.items():
+        v = c.verify_ms
         how = f"start-up and in-loop medians, every {r} rounds" if r else "measured here"
         shown = ", ".join(
             f"{q + 1}: {float(v[q]):.1f}" + (f" (runs {c.verify_nodes(q) + 1})" if c.verify_nodes(q) != q else "")

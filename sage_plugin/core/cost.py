@@ -43,7 +43,7 @@ import torch
 
 from .expand import DraftPool, budget_top_n, node_values
 
-__all__ = ["RoundCost", "best_count", "cheapest_at_least", "cost_cut", "expected_yield"]
+__all__ = ["RoundCost", "best_count", "cheapest_at_least", "cost_cut", "expected_yield", "interpolate"]
 
 
 def cheapest_at_least(ms: Sequence[float]) -> tuple[list[float], list[int]]:
@@ -113,18 +113,18 @@ class RoundCost:
         :func:`cheapest_at_least`, with the sizes to run kept in ``verify_run``; ``draft_widths`` /
         ``draft_width_ms`` (widths ``1..W`` measured, dense) give ``draft_run`` the same way.
         """
-        curve = _interpolate(counts, ms, max_nodes)
+        curve = interpolate(counts, ms, max_nodes)
         if not pad:
             return RoundCost(torch.tensor(list(itertools.accumulate(curve, max)), dtype=torch.float32), float(draft_ms))
         price, run = cheapest_at_least(curve)
         draft_run: tuple[int, ...] = ()
         if draft_widths:
-            wcurve = _interpolate([0, *draft_widths], [0.0, *draft_width_ms], max(draft_widths))
+            wcurve = interpolate([0, *draft_widths], [0.0, *draft_width_ms], max(draft_widths))
             draft_run = tuple(cheapest_at_least(wcurve)[1])
         return RoundCost(torch.tensor(price, dtype=torch.float32), float(draft_ms), tuple(run), draft_run)
 
 
-def _interpolate(counts: list[int], ms: list[float], max_nodes: int) -> list[float]:
+def interpolate(counts: list[int], ms: list[float], max_nodes: int) -> list[float]:
     """``ms`` at ``counts`` (sorted, starting at 0) for every ``q = 0..max_nodes``: linear between them, constant
     past the last."""
     out = []

@@ -118,8 +118,8 @@ class SagePolicy(FixedShapePolicy):
         super().__init__(cfg)
         self.static = StaticPolicy(cfg) if cfg.first_round_static else None
         self.pool_capacity = self.pool_nodes_for(cfg) + 1
-        self.children = cfg.rerank_pool != "kept"
-        self.frontier_capacity = self.pooled_width_for(cfg) if self.children else self.pool_capacity - 1
+        self.pooled = cfg.rerank_pool != "kept"
+        self.frontier_capacity = self.pooled_width_for(cfg) if self.pooled else self.pool_capacity - 1
         self.wants_cost = cfg.node_budget == "auto"
         self.pad_forwards = self.wants_cost and cfg.pad_forwards
         self._calibration = calibration_log_table(cfg.calibration, "cpu") if cfg.calibration else None
@@ -158,7 +158,7 @@ class SagePolicy(FixedShapePolicy):
             first = plan.first_round[:, None, None]
             keep, expand = torch.where(first, s_keep, keep), torch.where(first, s_expand, expand)
             order = torch.where(first, c.joint, order)
-        if not self.children:
+        if not self.pooled:
             return append(pool, c, keep, expand, order, self.frontier_capacity)
         # every child is a rerank candidate (a static first round keeps its own tree: first_round is False without)
         first = plan.first_round[:, None, None]

@@ -25,7 +25,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..core.cost import RoundCost
+from ..core.cost import RoundCost, interpolate
 
 __all__ = ["CostSamples", "WINDOW"]
 
@@ -92,8 +92,8 @@ class CostSamples:
         ms = [statistics.median(self.verify[q]) for q in counts]
         if self.used and self.startup:
             start = sorted(self.startup)
-            base = RoundCost.from_samples(start, [self.startup[q] for q in start], 0.0, max(counts)).verify_ms
-            drift = statistics.median(statistics.median(self.verify[q]) / float(base[q]) for q in self.used)
+            base = interpolate(start, [self.startup[q] for q in start], max(counts))  # start-up medians, raw
+            drift = statistics.median(statistics.median(self.verify[q]) / base[q] for q in self.used)
             ms = [m if q in self.used else self.startup[q] * drift for q, m in zip(counts, ms)]
         widths = sorted(self.draft) if self.pad else []
         width_ms = [statistics.median(self.draft[w]) for w in widths]

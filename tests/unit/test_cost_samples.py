@@ -31,6 +31,23 @@ def _median(xs):
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
+def _line(xs, ys, q):
+    """The piecewise-linear value at ``q`` through the points ``(xs, ys)`` (``xs`` sorted, ``q`` inside)."""
+    for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:]):
+        if x0 <= q <= x1:
+            return y0 + (q - x0) * (y1 - y0) / (x1 - x0)
+    return ys[-1]
+
+
+def test_drift_is_against_the_startup_medians_not_the_lifted_curve():
+    """A start-up dip (3 nodes cheaper than 1) must not shrink the drift: 3 ran at twice its start-up median."""
+    s = _startup({0: [10.0], 1: [30.0], 3: [20.0], 8: [40.0]})
+    for _ in range(5):
+        s.add_verify(3, 40.0)
+    v = s.cost().verify_ms
+    assert float(v[8]) == pytest.approx(80.0), "drift 40 / 20 = 2 (the running-max curve would say 40 / 30)"
+
+
 def test_docstring_example():
     s = _startup({0: [35, 36], 4: [48, 47], 8: [56, 55]})
     assert s.cost().verify_ms[[0, 4, 8]].tolist() == pytest.approx([35.5, 47.5, 55.5])
@@ -88,7 +105,8 @@ def test_refresh_period():
 )
 def test_cost_matches_naive(start, loop):
     """Naive: per size the median of its last WINDOW timings if the loop used it, else start-up median x the
-    median over used sizes of (current median / start-up curve there); then the unpadded monotone curve."""
+    median over used sizes of (current median / start-up median there, linear between start-up sizes); then the
+    unpadded monotone curve."""
     counts = [0, 1, 2, 4, 8]
     s = _startup({q: [m] for q, m in zip(counts, start)})
     history = {q: [m] for q, m in zip(counts, start)}
@@ -96,7 +114,7 @@ def test_cost_matches_naive(start, loop):
         s.add_verify(q, m)
         history.setdefault(q, []).append(m)
     used = {q for q, _ in loop}
-    base = RoundCost.from_samples(counts, start, 0.0, 8).verify_ms.tolist()
+    base = [_line(counts, start, q) for q in range(9)]
     cur = {q: _median(h[-WINDOW:]) for q, h in history.items()}
     drift = _median([cur[q] / base[q] for q in used]) if used else 1.0
     sizes = sorted(history)
