@@ -134,6 +134,9 @@ def _serving_parser(sub) -> None:
                    "SmolLM2 head)")  # fmt: skip
     p.add_argument("--eagle3-config", default="engine_configs/sglang/smollm2_cpu_sage_eagle3.yaml",
                    help="SGLang --config of sage-eagle3 (default %(default)s)")  # fmt: skip
+    p.add_argument("--url", action="append", default=None, metavar="NAME=URL", help="bench a running server under "
+                   "NAME (repeatable): plain=URL / sage=URL instead of launching that method, another name adds one; "
+                   "pass its target as --target (prompts use its chat template)")  # fmt: skip
     p.add_argument("--json", default=None, help="write the report as JSON")
     p.add_argument("--plots", default=None, metavar="DIR", help="write serving_tok_s.png")
 
@@ -142,6 +145,7 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
     from .bench.serving import (
         format_table,
         parse_serving_methods,
+        parse_urls,
         run_serving_bench,
         serving_requests,
         write_serving_plot,
@@ -152,7 +156,8 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
     from .runtimes.sglang.cpu_env import cpu_launch_env, unpacked_libcuda
 
     eagle3 = Path(args.eagle3_head) if args.eagle3_head else bundled_eagle3_dir()
-    methods = parse_serving_methods(args.methods, eagle3)  # before any server starts
+    urls = parse_urls(args.url)
+    methods = parse_serving_methods(args.methods, eagle3, urls)  # before any server starts
     if args.prompts:
         prompts = load_prompt_file(args.prompts, limit=args.num_prompts)
     elif args.datasets == "vlm":
@@ -176,6 +181,7 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
         log_dir=Path(args.log_dir), batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, requests=serving_requests(prompts, target),
         methods=methods, eagle3=eagle3.resolve() if eagle3 else None, eagle3_config=Path(args.eagle3_config).resolve(),
+        urls=urls,
     )  # fmt: skip
     report["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
     report["prompts"] = args.prompts or args.datasets

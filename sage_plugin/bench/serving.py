@@ -12,22 +12,19 @@ batch size: output tokens/s (completion tokens over the wall time of the batch, 
 plain, SGLang's mean ``spec_accept_length``, p50 / p99 request latency, SAGE's per-request means
 (``meta_info["sage"]``), and whether every output equals plain decoding token for token.
 
+``--url NAME=URL`` benches a server that is already running (another machine, a GPU, a configuration this command
+does not launch) under ``NAME`` in the same rotation: ``plain=URL`` or ``sage=URL`` replace launching that method,
+any other name adds one.  Prompts are rendered with ``--target``'s chat template, so give the remote server's
+target there; its outputs are compared with ``plain``'s like every other method's.
+
 Needs SGLang 0.5.23 in the running interpreter (``tools/setup.sh --sglang``); on a machine without an NVIDIA
 driver the launch environment gets the user-space libcuda that ``tools/setup_sglang.sh`` unpacked.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
-import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -37,103 +34,16 @@ import yaml
 from ..config import ConfigError
 from ..data.prompts import Prompt, image_data_url, multimodal_messages, render_chat
 from ..models import load_tokenizer
+from .servers import SERVER_START_TIMEOUT_S, HttpServer, RemoteServer, Server, parallel, parse_urls
 
 __all__ = [
-    "SERVER_START_TIMEOUT_S", "SERVING_METHODS", "Server", "format_table", "method_args", "parallel",
-    "parse_serving_methods", "plain_flags", "run_serving_bench", "serving_requests", "write_serving_plot",
+    "SERVER_START_TIMEOUT_S", "SERVING_METHODS", "RemoteServer", "Server", "format_table", "method_args", "parallel",
+    "parse_serving_methods", "parse_urls", "plain_flags", "run_serving_bench", "serving_requests",
+    "write_serving_plot",
 ]  # fmt: skip
 
-SERVER_START_TIMEOUT_S = 420
 #: SGLang flags (YAML keys) that belong to speculative decoding: dropped from the plain server's flags
 SPEC_KEY_PREFIXES = ("speculative-", "sage-")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A ``sglang.launch_server`` child in its own process group, with a tiny JSON client.
-
-    Blocks until ``/health`` answers and the log says the server is ready; raises ``RuntimeError`` with the log's
-    tail if the process exits or ``timeout`` seconds pass.  :meth:`stop` tears the whole group down.
-    """
-
-    def __init__(self, args: list[str], env: dict[str, str], log: Path, cwd: Path | None = None,
-                 timeout: float = SERVER_START_TIMEOUT_S) -> None:  # fmt: skip
-        self.port = _free_port()
-        self.log = log
-        self.argv = [sys.executable, "-m", "sglang.launch_server", *args, "--host", "127.0.0.1",
-                     "--port", str(self.port)]  # fmt: skip
-        self._fh = open(log, "w")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(self.argv, env=env, cwd=cwd, stdout=self._fh, stderr=subprocess.STDOUT,
-                                     start_new_session=True)  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                self._fh.close()
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
-                    if r.status == 200 and "fired up" in log.read_text():
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"server not ready in {timeout} s:\n{log.read_text()[-4000:]}")
-            time.sleep(2)
-
-    def post(self, path: str, payload: dict, timeout: float = 900) -> dict:
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            body = r.read()
-        try:
-            return json.loads(body) if body else {}
-        except ValueError:  # e.g. /flush_cache answers in plain text
-            return {"text": body.decode()}
-
-    def get(self, path: str) -> dict:
-        return json.loads(self.get_text(path))
-
-    def get_text(self, path: str) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=60) as r:
-            return r.read().decode()
-
-    def generate(self, text: str, max_new_tokens: int, **extra: Any) -> dict:
-        params = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
-        return self.post("/generate", {"text": text, "sampling_params": params, **extra})
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        if not self._fh.closed:
-            self._fh.close()
-
-
-def parallel(fn: Callable[[Any], Any], items: list) -> list:
-    """``[fn(x) for x in items]``, all at once in threads (concurrent requests); results in input order."""
-    out: list = [None] * len(items)
-
-    def work(i: int, item: Any) -> None:
-        out[i] = fn(item)
-
-    threads = [threading.Thread(target=work, args=(i, it)) for i, it in enumerate(items)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
 
 
 def _yaml_flags(config: Path, keep: Callable[[str], bool]) -> list[str]:
@@ -198,20 +108,26 @@ _NEEDS_EAGLE3 = ("eagle3", "eagle3-adaptive", "sage-eagle3")
 _SIZE_KEYS = ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens")
 
 
-def parse_serving_methods(text: str, eagle3: Path | None = None) -> list[str]:
-    """``--methods``: known names, ``plain`` first (added if missing: every output is compared with it).
+def parse_serving_methods(text: str, eagle3: Path | None = None, urls: dict[str, str] | None = None) -> list[str]:
+    """``--methods``: known names, ``plain`` first (added if missing: every output is compared with it), then the
+    ``--url`` names not listed (each a running server benched under its name).
 
-    The EAGLE-3 methods need ``eagle3``, a trained head for the target (``--eagle3-head``).
+    The EAGLE-3 methods need ``eagle3``, a trained head for the target (``--eagle3-head``), unless ``urls`` gives a
+    running server for them.
     """
+    urls = urls or {}
     names = [m.strip() for m in text.split(",") if m.strip()]
     for m in names:
+        if m in urls:
+            continue
         if m in _NEEDS_EAGLE3 and eagle3 is None:
             raise ConfigError(f"--methods {m}: needs a trained EAGLE-3 head for the target (--eagle3-head DIR; a "
                               "random head would only prove the plumbing, not speed)")  # fmt: skip
         if m not in SERVING_METHODS:
-            raise ConfigError(f"--methods: unknown {m!r}; use {', '.join(SERVING_METHODS)}")
+            raise ConfigError(f"--methods: unknown {m!r}; use {', '.join(SERVING_METHODS)} or a --url NAME")
     if len(set(names)) != len(names):
         raise ConfigError("--methods names must be distinct")
+    names += [m for m in urls if m not in names]
     return ["plain", *[m for m in names if m != "plain"]]
 
 
@@ -252,7 +168,7 @@ def method_args(
     return [*model, *plain_flags(config), "--speculative-draft-model-path", str(draft), *_spec_flags(config, sizes)]
 
 
-def _run_batch(server: Server, requests: list[dict], max_new_tokens: int, side: _Side) -> list[list[int]]:
+def _run_batch(server: HttpServer, requests: list[dict], max_new_tokens: int, side: _Side) -> list[list[int]]:
     params = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
 
     def one(r: dict) -> tuple[dict, float]:
@@ -293,8 +209,9 @@ def _row(method: str, bs: int, side: _Side, plain: _Side, same: bool, repeats: i
 def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str, str], log_dir: Path,
                       batch_sizes: list[int], max_new_tokens: int, repeats: int, requests: list[dict[str, Any]],
                       methods: list[str] = ("plain", "sage"), eagle3: Path | None = None,
-                      eagle3_config: Path | None = None) -> dict[str, Any]:  # fmt: skip
-    """Launch one server per method (all at once), measure every batch size ``repeats`` times, stop them all.
+                      eagle3_config: Path | None = None, urls: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Launch one server per method (all at once; a method in ``urls`` is that running server instead), measure
+    every batch size ``repeats`` times, stop the servers it launched.
 
     The same batch goes to every server in turn; the order rotates per repeat so machine noise hits all alike.
     ``requests`` are ``/generate`` payloads without sampling parameters (:func:`serving_requests`); ``methods``
@@ -302,14 +219,18 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
     batch size).
     """
     log_dir.mkdir(parents=True, exist_ok=True)
-    servers: dict[str, Server] = {}
+    urls = urls or {}
+    servers: dict[str, HttpServer] = {}
     rows = []
     info: dict[str, Any] = {}
     sage_state: dict[str, Any] = {}
     try:
         for m in methods:
+            if m in urls:
+                servers[m] = RemoteServer(m, urls[m])
+                continue
             sizes = None
-            if "sage" in servers:
+            if m == "standalone-tree" and "sage" in servers:  # SGLang's STANDALONE at the SAGE server's sizes
                 sinfo = servers["sage"].get("/server_info")
                 sizes = {k: sinfo[k.replace("-", "_")] for k in _SIZE_KEYS}
             argv = method_args(m, config, target, draft, sizes, eagle3, eagle3_config)
@@ -330,13 +251,14 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
         states = {m: servers[m].get("/server_info") for m in methods}
         info = {m: st.get("speculative_algorithm") for m, st in states.items()}
         # SAGE servers' own state at the end (per tier: steps run, expected tokens, measured cost per batch size)
-        sage_state = {m: st["internal_states"][0].get("sage") for m, st in states.items() if m.startswith("sage")}
+        sage_state = {m: (st.get("internal_states") or [{}])[0].get("sage") for m, st in states.items()
+                      if m.startswith("sage")}  # fmt: skip
     finally:
         for server in servers.values():
             server.stop()
     return {"rows": rows, "algorithms": info, "methods": list(methods), "config": str(config), "target": str(target),
             "draft": str(draft), "eagle3_head": None if eagle3 is None else str(eagle3),
-            "max_new_tokens": max_new_tokens, "sage_state": sage_state}  # fmt: skip
+            "max_new_tokens": max_new_tokens, "sage_state": sage_state, "urls": dict(urls)}  # fmt: skip
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -130,3 +130,115 @@ def test_serving_requests_render_text_and_image_prompts(tmp_path):
     assert "<|vision_start|><|image_pad|><|vision_end|>" in vlm["text"]
     assert image.messages[-1]["content"] in vlm["text"]
     assert len(vlm["image_data"]) == 1 and vlm["image_data"][0].startswith("data:image/png;base64,")
+
+
+class _FakeSGLang:
+    """A stand-in for a running SGLang server: ``/health``, ``/server_info`` and a greedy ``/generate`` whose output
+    ids are a function of the prompt text (``shift`` changes them, as a server with another model would)."""
+
+    def __init__(self, shift: int = 0, accept: float | None = None) -> None:
+        import http.server
+        import json
+        import threading
+
+        self.requests: list[dict] = []
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _send(self, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path == "/health":
+                    self._send({})
+                elif self.path == "/server_info":
+                    self._send({"speculative_algorithm": None if accept is None else "SAGE", "internal_states": [{}]})
+                else:
+                    self.send_error(404)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.requests.append(body)
+                n = body["sampling_params"]["max_new_tokens"]
+                ids = [(len(body["text"]) + i + shift) % 97 for i in range(n)]
+                meta = {"completion_tokens": n}
+                if accept is not None:
+                    meta["spec_accept_length"] = accept
+                self._send({"output_ids": ids, "meta_info": meta})
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_url_names_are_parsed_and_join_the_methods():
+    from sage_plugin.bench.serving import parse_urls
+
+    urls = parse_urls(["plain=http://h:1", "gpu-sage=https://g.example:8443/"])
+    assert urls == {"plain": "http://h:1", "gpu-sage": "https://g.example:8443/"}
+    assert parse_serving_methods("sage", None, urls) == ["plain", "sage", "gpu-sage"]
+    assert parse_serving_methods("gpu-sage,plain", None, urls) == ["plain", "gpu-sage"]
+    # a running EAGLE-3 server needs no local head
+    assert parse_serving_methods("eagle3", None, {"eagle3": "http://h:2"}) == ["plain", "eagle3"]
+    for bad in ("plain", "plain=", "=http://h:1", "plain=h:1", "plain=ftp://h:1", "plain=http://"):
+        with pytest.raises(ConfigError, match="--url must be NAME=http://HOST:PORT"):
+            parse_urls([bad])
+    with pytest.raises(ConfigError, match="'plain' given twice"):
+        parse_urls(["plain=http://a:1", "plain=http://b:1"])
+    with pytest.raises(ConfigError, match="unknown 'gpu'.*or a --url NAME"):
+        parse_serving_methods("gpu", None, urls)
+
+
+def test_bench_serving_runs_against_running_servers(tmp_path, monkeypatch):
+    """``--url`` servers are benched in the same rotation, nothing is launched, outputs are compared with plain's."""
+    import sage_plugin.bench.serving as serving
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a --url method must not launch a server")
+
+    monkeypatch.setattr(serving, "Server", no_launch)
+    plain, same, other = _FakeSGLang(), _FakeSGLang(accept=2.5), _FakeSGLang(shift=1, accept=1.5)
+    try:
+        requests = [{"text": "a" * n} for n in (3, 5, 8)]
+        urls = {"plain": plain.url, "sage": same.url, "elsewhere": other.url}
+        methods = parse_serving_methods("sage", None, urls)
+        report = serving.run_serving_bench(
+            config=CPU_CONFIG, target=Path("/t"), draft=Path("/d"), env={}, log_dir=tmp_path, batch_sizes=[1, 2],
+            max_new_tokens=4, repeats=2, requests=requests, methods=methods, urls=urls,
+        )  # fmt: skip
+    finally:
+        for s in (plain, same, other):
+            s.close()
+    rows = {(r["method"], r["batch_size"]): r for r in report["rows"]}
+    assert set(rows) == {(m, b) for m in ("plain", "sage", "elsewhere") for b in (1, 2)}
+    assert all(rows[("sage", b)]["identical"] and not rows[("elsewhere", b)]["identical"] for b in (1, 2))
+    assert rows[("sage", 2)]["accept_length"] == 2.5 and rows[("plain", 1)]["accept_length"] is None
+    assert rows[("plain", 2)]["speedup"] == 1.0 and rows[("sage", 1)]["requests"] == 2
+    assert report["urls"] == urls and report["sage_state"] == {"sage": None}
+    # every server got the warm-up (2 requests of 8 tokens) and the same batches: 2 x 1 + 2 x 2 requests
+    for fake in (plain, same, other):
+        sizes = [r["sampling_params"]["max_new_tokens"] for r in fake.requests]
+        assert sizes.count(8) == 2 and sizes.count(4) == 6
+        assert sorted(r["text"] for r in fake.requests[2:]) == sorted(r["text"] for r in plain.requests[2:])
+
+
+def test_a_url_that_does_not_answer_is_one_clear_error(tmp_path):
+    from sage_plugin.bench.serving import RemoteServer
+
+    fake = _FakeSGLang()
+    url = fake.url
+    fake.close()
+    with pytest.raises(ConfigError, match=r"--url sage=http://127\.0\.0\.1:\d+: the server does not answer /health"):
+        RemoteServer("sage", url)
