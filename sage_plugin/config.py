@@ -132,6 +132,9 @@ class SageConfig:
     # measured tokens per second; [0, 1] is speculation off.  Empty: one shape (the largest SAGE can plan)
     tiers: tuple[tuple[int, ...], ...] = ()
     tier_probe_every: int = 16  # steps between re-measurements of a tier not chosen (0: never)
+    # a tier that loses its re-measurement waits twice as long for the next, up to this many tier_probe_every (1: no
+    # back-off; every probe of a tier that cannot pay costs a whole step at its price)
+    tier_probe_backoff: int = 8
     theta0: float = 0.1  # theta_l = theta0 * l / D
     alpha_init: float = 0.5
     first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)
@@ -189,6 +192,7 @@ class SageConfig:
         _validate_calibration(self.calibration)
         _validate_tiers(self.tiers)
         _int_in("tier_probe_every", self.tier_probe_every, 0, 1_000_000)
+        _int_in("tier_probe_backoff", self.tier_probe_backoff, 1, 1024)
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
         if (self.rerank_nodes or self.rerank_pool != "kept") and self.topology == "planned":
             raise ConfigError(

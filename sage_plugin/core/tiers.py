@@ -20,8 +20,14 @@ tensor-parallel rank running the same schedule picks the same tier with no commu
   the off tier).
 
 The choice maximises ``expected tokens / cost``.  A tier never measured at a batch size is tried first there (the
-runtime's start-up measurement, amortised over the first steps at each batch size), and every ``probe_every`` steps
-the stalest other tier is re-measured so the estimates follow the traffic.  Feedback may lag: the runtime calls
+runtime's start-up measurement, amortised over the first steps at each batch size), and a tier not chosen is
+re-measured (*probed*) once it has not run for its probe gap, so the estimates follow the traffic.  The gap starts
+at ``probe_every`` steps; a probe the tier loses (another tier still rates higher at that batch size once its
+feedback is in) doubles it, up to ``probe_backoff * probe_every``, and a tier that wins (probe or plain choice) is
+back to ``probe_every``.  A deep tier that cannot pay at a large batch costs several off steps per probe (SmolLM2 on
+the 2-core CPU, batch 8: 270 ms against 85 ms), so probing it every 16 steps alone cost about a tenth of the
+throughput; the back-off bounds that while a change of traffic is still found within ``probe_backoff *
+probe_every`` steps.  Feedback may lag: the runtime calls
 :meth:`TierChooser.choose` when a step starts and :meth:`observe` when its accept counts reach the host, possibly
 after later steps started (overlap scheduling); observations are matched to steps in launch order.
 
@@ -66,15 +72,24 @@ class TierChooser:
     Args:
         tiers: the tiers, at least one.
         probe_every: steps between re-measurements of a non-chosen tier (0: never re-measure).
+        probe_backoff: the longest probe gap, in multiples of ``probe_every``, that lost probes double it to (1: fixed
+            gap).
         smoothing: weight of a new sample in the moving averages (acceptance, overhead), in (0, 1].
         cost_window: step timings kept per tier and batch size (the cost is their low median).
     """
 
     def __init__(
-        self, tiers: Sequence[Tier], probe_every: int = 16, smoothing: float = 0.2, cost_window: int = 9
+        self,
+        tiers: Sequence[Tier],
+        probe_every: int = 16,
+        smoothing: float = 0.2,
+        cost_window: int = 9,
+        probe_backoff: int = 8,
     ) -> None:
         if not tiers:
             raise ValueError("at least one tier")
+        if probe_backoff < 1:
+            raise ValueError("probe_backoff >= 1")
         self.tiers = tuple(sorted(set(tiers)))
         self.probe_every = probe_every
         self.smoothing = smoothing
@@ -82,7 +97,10 @@ class TierChooser:
         self._cost: dict[tuple[Tier, int], deque[float]] = {}
         self._accepted: dict[Tier, float] = {t: 0.0 for t in self.tiers if t.off}
         self._last_used: dict[Tier, int] = {t: -1 for t in self.tiers}
-        self._pending: deque[Tier] = deque(maxlen=8)  # a step whose feedback never comes cannot pile up
+        self.probe_backoff = probe_backoff
+        self._gap: dict[Tier, int] = {t: probe_every for t in self.tiers}
+        self._probe: tuple[int, Tier, int] | None = None  # (step, tier, batch size) of the probe awaiting its verdict
+        self._pending: deque[tuple[int, Tier]] = deque(maxlen=8)  # a step whose feedback never comes cannot pile up
         self._overhead: float | None = None
         self.steps_run: dict[Tier, int] = {t: 0 for t in self.tiers}
         self._steps = 0
@@ -118,16 +136,37 @@ class TierChooser:
     def choose(self, batch_size: int) -> Tier:
         """The tier of the step about to start (recorded as pending until :meth:`observe`)."""
         self._steps += 1
+        self._judge_probe()
         tier = self._unmeasured(batch_size)
         if tier is None:
             tier = self.best(batch_size) or self.tiers[-1]
-            if self.probe_every and self._steps % self.probe_every == 0 and len(self.tiers) > 1:
-                others = [t for t in self.tiers if t != tier]
-                tier = min(others, key=lambda t: (self._last_used[t], t))
+            self._gap[tier] = self.probe_every
+            if self.probe_every and self._probe is None:
+                due = [t for t in self.tiers if t != tier and self._steps - self._last_used[t] >= self._gap[t]]
+                if due:
+                    tier = min(due, key=lambda t: (self._last_used[t], t))
+                    self._probe = (self._steps, tier, batch_size)
         self._last_used[tier] = self._steps
         self.steps_run[tier] += 1
-        self._pending.append(tier)
+        self._pending.append((self._steps, tier))
         return tier
+
+    def probe_gap(self, tier: Tier) -> int:
+        """Steps ``tier`` may go unchosen before it is re-measured."""
+        return self._gap[tier]
+
+    def _judge_probe(self) -> None:
+        """Once the last probe's feedback is in (or was dropped): a loss doubles the tier's gap, a win resets it."""
+        if self._probe is None:
+            return
+        step, tier, bs = self._probe
+        if any(s == step for s, _ in self._pending):
+            return
+        self._probe = None
+        if self.best(bs) == tier:
+            self._gap[tier] = self.probe_every
+        else:
+            self._gap[tier] = min(2 * self._gap[tier], self.probe_backoff * self.probe_every)
 
     def record_cost(self, tier: Tier, batch_size: int, seconds: float) -> None:
         """A measured step time of ``tier`` at ``batch_size``."""
@@ -146,7 +185,7 @@ class TierChooser:
         """
         if not self._pending:
             return None
-        tier = self._pending.popleft()
+        _, tier = self._pending.popleft()
         if tier.off or not accepted_drafts:
             return tier
         mean = sum(accepted_drafts) / len(accepted_drafts)

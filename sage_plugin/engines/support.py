@@ -20,6 +20,7 @@ _NOT_READ = {
     "prune_ratio_video": "no video inputs in the reference engine",
     "tiers": _NO_TIERS,
     "tier_probe_every": _NO_TIERS,
+    "tier_probe_backoff": _NO_TIERS,
 }
 
 REFERENCE_SUPPORT = RuntimeSupport(

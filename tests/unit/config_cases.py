@@ -24,6 +24,7 @@ OTHER_VALUES: dict[str, list] = {
     "calibration": [((0.2, 0.6), (0.4, 0.9))],
     "tiers": [((0, 1), (2, 5)), ((3, 8),)],
     "tier_probe_every": [4, 0],
+    "tier_probe_backoff": [1, 64],
     "use_history": [False],
     "history_window": [5],
     "history_lo": [1.5],

@@ -50,6 +50,8 @@ def test_config_rejects_bad_tiers(tiers, needle):
 def test_probe_interval_range():
     with pytest.raises(ConfigError, match="tier_probe_every"):
         SageConfig(tier_probe_every=-1)
+    with pytest.raises(ConfigError, match=r"tier_probe_backoff.*\[1, 1024\]"):
+        SageConfig(tier_probe_backoff=0)
 
 
 # -- SGLang sizes ---------------------------------------------------------------------------------------------
@@ -152,6 +154,59 @@ def test_probing_follows_a_change_in_acceptance():
     dev.accepted[BIG] = 3
     chosen = _run(chooser, dev, bs=1, steps=40)
     assert chosen[-8:].count(BIG) >= 6
+
+
+def _naive_probe_steps(steps: int, every: int, backoff: int, first: int) -> list[int]:
+    """Oracle: the steps at which a tier that loses every probe is re-measured, from its last run at ``first``
+    (one other tier, so it is always the stalest; feedback without lag)."""
+    out, last, gap = [], first, every
+    for step in range(first + 1, first + steps + 1):
+        if step - last >= gap:
+            out.append(step)
+            last, gap = step, min(2 * gap, backoff * every)
+    return out
+
+
+@pytest.mark.parametrize("backoff", [1, 2, 8])
+def test_a_tier_that_loses_its_probes_is_probed_ever_less_often(backoff):
+    """BIG never pays (0 accepted at 100 ms against off's 60): its probe gap doubles per lost probe, up to
+    ``backoff * probe_every``; backoff 1 keeps the fixed gap."""
+    dev = SimDevice({OFF: (0.060, 0.0), BIG: (0.100, 0.0)}, {BIG: 0})
+    chooser = TierChooser([OFF, BIG], probe_every=4, probe_backoff=backoff)
+    chosen = _run(chooser, dev, bs=1, steps=300)
+    assert chosen[:2] == [BIG, OFF]  # start-up measurement (steps 1 and 2)
+    probes = [i + 1 for i, t in enumerate(chosen) if t == BIG][1:]  # step numbers of BIG's later runs
+    assert probes == _naive_probe_steps(299, 4, backoff, first=1)
+    assert chooser.probe_gap(BIG) == 4 * backoff
+
+
+def test_a_backed_off_tier_is_found_again_within_the_longest_gap():
+    dev = SimDevice({OFF: (0.060, 0.0), BIG: (0.100, 0.0)}, {BIG: 0})
+    chooser = TierChooser([OFF, BIG], probe_every=4, probe_backoff=8, smoothing=0.5)
+    _run(chooser, dev, bs=1, steps=200)
+    assert chooser.probe_gap(BIG) == 32
+    dev.accepted[BIG] = 3  # the traffic turns predictable: BIG now rates 4 / 0.1 = 40 > 16.7
+    chosen = _run(chooser, dev, bs=1, steps=32 + 8)
+    first = chosen.index(BIG)
+    assert first < 32
+    assert chosen[first + 1 :].count(OFF) <= 2  # from now on OFF is the loser probed at 4, then 8 steps
+    assert chooser.probe_gap(BIG) == 4  # a winner is back to the short gap
+
+
+def test_a_probe_is_judged_only_once_its_feedback_is_in():
+    """Under a feedback lag the gap doubles when the probe's accept counts arrive, not before."""
+    chooser = TierChooser([OFF, BIG], probe_every=2, probe_backoff=8)
+    for tier, secs in ((OFF, 0.06), (BIG, 0.1)):
+        chooser.record_cost(tier, 1, secs)
+    assert chooser.choose(1) == BIG  # measured cost, acceptance unknown: start-up run
+    chooser.observe([0])
+    assert [chooser.choose(1) for _ in range(2)] == [OFF, BIG]  # BIG due after 2 steps: probed, feedback pending
+    assert chooser.probe_gap(BIG) == 2
+    assert chooser.choose(1) == OFF  # still pending: no verdict, no second probe
+    assert chooser.probe_gap(BIG) == 2
+    chooser.observe([0])  # the OFF step's feedback
+    chooser.observe([0])  # the probe's
+    assert chooser.choose(1) == OFF and chooser.probe_gap(BIG) == 4
 
 
 @settings(max_examples=40, deadline=None)

@@ -58,6 +58,7 @@ SGLANG_SUPPORT = RuntimeSupport(
             "step by measured tokens per second (--speculative-eagle-topk fixed)"
         ),
         "tier_probe_every": _ALL,
+        "tier_probe_backoff": _ALL,
     },
     not_read={
         "pad_forwards": "with node_budget auto only (a fixed verify width has nothing to pad)",

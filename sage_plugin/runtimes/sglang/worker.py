@@ -226,7 +226,8 @@ class SageWorkerMixin:
             self._draft_worker.init_sage(cfg)
             if cfg.tiers:
                 # built by EAGLEWorkerV2.init_cuda_graphs, chosen in forward_batch_generation, as --speculative-adaptive
-                self.sage_tiers = SageTierController(self, TierChooser(parse_tiers(cfg.tiers), cfg.tier_probe_every))
+                chooser = TierChooser(parse_tiers(cfg.tiers), cfg.tier_probe_every, probe_backoff=cfg.tier_probe_backoff)
+                self.sage_tiers = SageTierController(self, chooser)
                 self.adaptive_controller = self.sage_tiers
                 logging.getLogger(EAGLEWorkerV2.__module__).addFilter(TierSwitchLogFilter())
         logger.info("SAGE worker ready (%s): %s", type(self).__name__, cfg.to_dict())
