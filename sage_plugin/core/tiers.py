@@ -11,8 +11,10 @@ tensor-parallel rank running the same schedule picks the same tier with no commu
 
 * the batch size;
 * each tier's measured step cost at that batch size (seconds; the low median of the runtime's last ``cost_window``
-  step timings, which the runtime reports with :meth:`TierChooser.record_cost`: robust to the cold first steps of a
-  tier, which on the 2-core CPU cost 4-6x a warm one, and to a slow step now and then), plus the runtime's per-step
+  step timings, which the runtime reports with :meth:`TierChooser.record_cost`: robust to a slow step now and then;
+  the first ``unpriced_first`` steps a tier ever runs are its warm-up and are not priced: allocations and
+  first-shape kernels made SGLang's first ``[6, 11]`` step on the 2-core CPU cost 3.4 s against 139 ms warm, and
+  a price like that kept the tier out until it was probed again), plus the runtime's per-step
   overhead outside the forward passes (scheduling, result processing: :meth:`TierChooser.record_overhead`), which
   every tier pays once per step;
 * each tier's expected tokens per request per step (1 + the mean accepted drafts, an exponential moving average
@@ -74,6 +76,7 @@ class TierChooser:
         probe_every: steps between re-measurements of a non-chosen tier (0: never re-measure).
         probe_backoff: the longest probe gap, in multiples of ``probe_every``, that lost probes double it to (1: fixed
             gap).
+        unpriced_first: the first steps of each tier (at any batch size) whose timings are dropped (warm-up).
         smoothing: weight of a new sample in the moving averages (acceptance, overhead), in (0, 1].
         cost_window: step timings kept per tier and batch size (the cost is their low median).
     """
@@ -85,6 +88,7 @@ class TierChooser:
         smoothing: float = 0.2,
         cost_window: int = 9,
         probe_backoff: int = 8,
+        unpriced_first: int = 1,
     ) -> None:
         if not tiers:
             raise ValueError("at least one tier")
@@ -98,6 +102,7 @@ class TierChooser:
         self._accepted: dict[Tier, float] = {t: 0.0 for t in self.tiers if t.off}
         self._last_used: dict[Tier, int] = {t: -1 for t in self.tiers}
         self.probe_backoff = probe_backoff
+        self._unpriced = {t: unpriced_first for t in self.tiers}  # warm-up steps left per tier
         self._gap: dict[Tier, int] = {t: probe_every for t in self.tiers}
         self._probe: tuple[int, Tier, int] | None = None  # (step, tier, batch size) of the probe awaiting its verdict
         self._pending: deque[tuple[int, Tier]] = deque(maxlen=8)  # a step whose feedback never comes cannot pile up
@@ -169,7 +174,10 @@ class TierChooser:
             self._gap[tier] = min(2 * self._gap[tier], self.probe_backoff * self.probe_every)
 
     def record_cost(self, tier: Tier, batch_size: int, seconds: float) -> None:
-        """A measured step time of ``tier`` at ``batch_size``."""
+        """A measured step time of ``tier`` at ``batch_size`` (dropped while the tier is warming up)."""
+        if self._unpriced[tier] > 0:
+            self._unpriced[tier] -= 1
+            return
         self._cost.setdefault((tier, batch_size), deque(maxlen=self.cost_window)).append(seconds)
 
     def record_overhead(self, seconds: float) -> None:

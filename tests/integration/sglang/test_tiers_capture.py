@@ -58,7 +58,7 @@ class RecordingWorker:
 def test_controller_builds_every_tier_once_and_switches_by_tier():
     tiers = parse_tiers(TIERS)
     worker = RecordingWorker(6, 11)  # the start-up shape: the largest tier
-    ctrl = SageTierController(worker, TierChooser(tiers, probe_every=0))
+    ctrl = SageTierController(worker, TierChooser(tiers, probe_every=0, unpriced_first=0))  # warm-up: test_tiers.py
     ctrl.register(_state(6, 11))  # what EAGLEWorkerV2.init_cuda_graphs registers first
     ctrl.init_states(cuda_graph_bs=[1, 2, 4])
     assert sorted(worker.built) == [(0, 1, [1, 2, 4]), (3, 5, [1, 2, 4]), (4, 8, [1, 2, 4])]
