@@ -135,6 +135,8 @@ class SageConfig:
     # a tier that loses its re-measurement waits twice as long for the next, up to this many tier_probe_every (1: no
     # back-off; every probe of a tier that cannot pay costs a whole step at its price)
     tier_probe_backoff: int = 8
+    # acceptance of each tier kept per bin of the batch's mean alpha (0: one average per tier, alpha not used)
+    tier_alpha_bins: int = 4
     theta0: float = 0.1  # theta_l = theta0 * l / D
     alpha_init: float = 0.5
     first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)
@@ -193,6 +195,7 @@ class SageConfig:
         _validate_tiers(self.tiers)
         _int_in("tier_probe_every", self.tier_probe_every, 0, 1_000_000)
         _int_in("tier_probe_backoff", self.tier_probe_backoff, 1, 1024)
+        _int_in("tier_alpha_bins", self.tier_alpha_bins, 0, 64)
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
         if (self.rerank_nodes or self.rerank_pool != "kept") and self.topology == "planned":
             raise ConfigError(

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-__all__ = ["topk_confidence", "topk_entropy"]
+__all__ = ["root_confidence", "topk_confidence", "topk_entropy"]
 
 
 def topk_entropy(logprobs: torch.Tensor, k: int) -> torch.Tensor:
@@ -50,3 +50,19 @@ def topk_confidence(logprobs: torch.Tensor, k: int) -> torch.Tensor:
     tensor([0., 1.])
     """
     return (1.0 - topk_entropy(logprobs, k) / math.log(k)).clamp_(0.0, 1.0)
+
+
+def root_confidence(root_probs: torch.Tensor, k: int) -> torch.Tensor:
+    """Alpha of each request's root from the top probabilities a runtime keeps (SGLang's ``topk_p``).
+
+    Args:
+        root_probs: ``[B, t]`` the draft's ``t`` highest next-token probabilities per request.
+        k: the configured top-k; the renormalisation uses ``min(k, t)`` of them.
+
+    Returns:
+        ``[B]`` float32 alpha (Eq. 9).
+
+    >>> root_confidence(torch.tensor([[0.5, 0.5, 0.0, 0.0]]), 10)
+    tensor([0.5000])
+    """
+    return topk_confidence(root_probs.float().clamp(min=1e-30).log(), min(k, root_probs.shape[1]))

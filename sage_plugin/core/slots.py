@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .controller import HistoryState, history_init, observe_history
-from .entropy import topk_confidence
+from .entropy import root_confidence
 from .shape import choose_alpha, plan_shape
 
 if TYPE_CHECKING:
@@ -75,8 +75,7 @@ class SlotState:
 
     def plan(self, slots: torch.Tensor, root_probs: torch.Tensor) -> RoundShape:
         """Alpha, D and W for the requests in ``slots [B]`` given their root's top probabilities ``[B, t]``."""
-        k = min(self.cfg.k, root_probs.shape[1])
-        fresh = topk_confidence(root_probs.float().clamp(min=1e-30).log(), k)
+        fresh = root_confidence(root_probs, self.cfg.k)
         alpha = choose_alpha(self.cfg, self.alpha.index_select(0, slots), fresh)
         self.alpha.index_copy_(0, slots, fresh)
         depth, width = plan_shape(self.cfg, alpha, self.history.d_max.index_select(0, slots))

@@ -19,7 +19,13 @@ tensor-parallel rank running the same schedule picks the same tier with no commu
   every tier pays once per step;
 * each tier's expected tokens per request per step (1 + the mean accepted drafts, an exponential moving average
   fed from the accept counts the runtime already copies to the host, :meth:`TierChooser.observe`; exactly 1 for
-  the off tier).
+  the off tier);
+* with ``alpha_bins`` > 0, the draft's confidence at the step's root: the batch's mean SAGE alpha (Eq. 7-8, from the
+  draft's top probabilities for the next token, which the runtime copies to the host without a sync, possibly a step
+  late).  Each tier then keeps one moving average per alpha bin (``alpha_bins`` equal bins of ``[0, 1]``, the rule of
+  :func:`~sage_plugin.core.calibration.calibration_bin`), and a step's expected tokens are its bin's (the tier's
+  overall average until the bin has a sample): a confident draft turns a deep tier on, an unsure one turns
+  speculation off, step by step, as SAGE's alpha sizes its trees.
 
 The choice maximises ``expected tokens / cost``.  A tier never measured at a batch size is tried first there (the
 runtime's start-up measurement, amortised over the first steps at each batch size), and a tier not chosen is
@@ -46,6 +52,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence
+
+from .calibration import calibration_bin
 
 __all__ = ["Tier", "TierChooser", "parse_tiers"]
 
@@ -77,6 +85,7 @@ class TierChooser:
         probe_backoff: the longest probe gap, in multiples of ``probe_every``, that lost probes double it to (1: fixed
             gap).
         unpriced_first: the first steps of each tier (at any batch size) whose timings are dropped (warm-up).
+        alpha_bins: alpha bins of the acceptance averages (0: one average per tier, alpha ignored).
         smoothing: weight of a new sample in the moving averages (acceptance, overhead), in (0, 1].
         cost_window: step timings kept per tier and batch size (the cost is their low median).
     """
@@ -89,6 +98,7 @@ class TierChooser:
         cost_window: int = 9,
         probe_backoff: int = 8,
         unpriced_first: int = 1,
+        alpha_bins: int = 0,
     ) -> None:
         if not tiers:
             raise ValueError("at least one tier")
@@ -100,20 +110,32 @@ class TierChooser:
         self.cost_window = cost_window
         self._cost: dict[tuple[Tier, int], deque[float]] = {}
         self._accepted: dict[Tier, float] = {t: 0.0 for t in self.tiers if t.off}
+        self.alpha_bins = alpha_bins
+        self._accepted_bin: dict[tuple[Tier, int], float] = {}
         self._last_used: dict[Tier, int] = {t: -1 for t in self.tiers}
         self.probe_backoff = probe_backoff
         self._unpriced = {t: unpriced_first for t in self.tiers}  # warm-up steps left per tier
         self._gap: dict[Tier, int] = {t: probe_every for t in self.tiers}
-        self._probe: tuple[int, Tier, int] | None = None  # (step, tier, batch size) of the probe awaiting its verdict
-        self._pending: deque[tuple[int, Tier]] = deque(maxlen=8)  # a step whose feedback never comes cannot pile up
+        # (step, tier, batch size, alpha bin) of the probe awaiting its verdict
+        self._probe: tuple[int, Tier, int, int | None] | None = None
+        # (step, tier, alpha bin) per step awaiting feedback; a step whose feedback never comes cannot pile up
+        self._pending: deque[tuple[int, Tier, int | None]] = deque(maxlen=8)
         self._overhead: float | None = None
         self.steps_run: dict[Tier, int] = {t: 0 for t in self.tiers}
         self._steps = 0
 
     # -- estimates ----------------------------------------------------------------------------------------
-    def expected_tokens(self, tier: Tier) -> float | None:
-        """Expected tokens per request per step under ``tier`` (None until observed)."""
-        acc = self._accepted.get(tier)
+    def alpha_bin(self, alpha: float | None) -> int | None:
+        """The acceptance bin of a step whose batch has mean alpha ``alpha`` (None: no bins or no alpha)."""
+        if not self.alpha_bins or alpha is None or alpha != alpha:  # NaN: no confidence known
+            return None
+        return calibration_bin(alpha, self.alpha_bins)
+
+    def expected_tokens(self, tier: Tier, alpha: float | None = None) -> float | None:
+        """Expected tokens per request per step under ``tier`` when the batch's mean alpha is ``alpha`` (None until
+        observed; a bin without a sample falls back to the tier's overall average)."""
+        b = self.alpha_bin(alpha)
+        acc = self._accepted.get(tier) if b is None else self._accepted_bin.get((tier, b), self._accepted.get(tier))
         return None if acc is None else 1.0 + acc
 
     def cost(self, tier: Tier, batch_size: int) -> float | None:
@@ -121,39 +143,42 @@ class TierChooser:
         samples = self._cost.get((tier, batch_size))
         return None if not samples else statistics.median_low(samples)
 
-    def rate(self, tier: Tier, batch_size: int) -> float | None:
+    def rate(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float | None:
         """Expected tokens per second of the whole batch (None while either estimate is missing)."""
-        tokens, cost = self.expected_tokens(tier), self.cost(tier, batch_size)
+        tokens, cost = self.expected_tokens(tier, alpha), self.cost(tier, batch_size)
         step = None if cost is None else cost + (self._overhead or 0.0)
         if tokens is None or step is None or step <= 0.0:
             return None
         return batch_size * tokens / step
 
-    def best(self, batch_size: int) -> Tier | None:
-        """The tier with the highest known rate at ``batch_size`` (ties: fewer steps); None if none is known."""
-        rated = [(r, t) for t in self.tiers if (r := self.rate(t, batch_size)) is not None]
+    def best(self, batch_size: int, alpha: float | None = None) -> Tier | None:
+        """The tier with the highest known rate at ``batch_size`` and mean alpha ``alpha`` (ties: fewer steps); None if
+        none is known."""
+        rated = [(r, t) for t in self.tiers if (r := self.rate(t, batch_size, alpha)) is not None]
         if not rated:
             return None
         top = max(r for r, _ in rated)
         return min(t for r, t in rated if r == top)
 
     # -- the per-step protocol ----------------------------------------------------------------------------
-    def choose(self, batch_size: int) -> Tier:
-        """The tier of the step about to start (recorded as pending until :meth:`observe`)."""
+    def choose(self, batch_size: int, alpha: float | None = None) -> Tier:
+        """The tier of the step about to start, for a batch of mean alpha ``alpha`` (None: unknown); recorded as
+        pending until :meth:`observe`."""
         self._steps += 1
         self._judge_probe()
+        b = self.alpha_bin(alpha)
         tier = self._unmeasured(batch_size)
         if tier is None:
-            tier = self.best(batch_size) or self.tiers[-1]
+            tier = self.best(batch_size, alpha) or self.tiers[-1]
             self._gap[tier] = self.probe_every
             if self.probe_every and self._probe is None:
                 due = [t for t in self.tiers if t != tier and self._steps - self._last_used[t] >= self._gap[t]]
                 if due:
                     tier = min(due, key=lambda t: (self._last_used[t], t))
-                    self._probe = (self._steps, tier, batch_size)
+                    self._probe = (self._steps, tier, batch_size, alpha)
         self._last_used[tier] = self._steps
         self.steps_run[tier] += 1
-        self._pending.append((self._steps, tier))
+        self._pending.append((self._steps, tier, b))
         return tier
 
     def probe_gap(self, tier: Tier) -> int:
@@ -164,11 +189,11 @@ class TierChooser:
         """Once the last probe's feedback is in (or was dropped): a loss doubles the tier's gap, a win resets it."""
         if self._probe is None:
             return
-        step, tier, bs = self._probe
-        if any(s == step for s, _ in self._pending):
+        step, tier, bs, alpha = self._probe
+        if any(s == step for s, _, _ in self._pending):
             return
         self._probe = None
-        if self.best(bs) == tier:
+        if self.best(bs, alpha) == tier:
             self._gap[tier] = self.probe_every
         else:
             self._gap[tier] = min(2 * self._gap[tier], self.probe_backoff * self.probe_every)
@@ -193,13 +218,17 @@ class TierChooser:
         """
         if not self._pending:
             return None
-        _, tier = self._pending.popleft()
+        _, tier, b = self._pending.popleft()
         if tier.off or not accepted_drafts:
             return tier
         mean = sum(accepted_drafts) / len(accepted_drafts)
-        old = self._accepted.get(tier)
-        self._accepted[tier] = mean if old is None else old + self.smoothing * (mean - old)
+        self._accepted[tier] = self._ema(self._accepted.get(tier), mean)
+        if b is not None:
+            self._accepted_bin[(tier, b)] = self._ema(self._accepted_bin.get((tier, b)), mean)
         return tier
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.smoothing * (new - old)
 
     def _unmeasured(self, batch_size: int) -> Tier | None:
         """The first tier (largest first: it gives acceptance for the others' bounds) lacking an estimate."""
@@ -209,10 +238,14 @@ class TierChooser:
         return None
 
     def summary(self) -> dict[str, dict[str, float | None]]:
-        """Per tier: expected tokens per request and the measured cost (ms) at each batch size seen."""
+        """Per tier: expected tokens per request (overall, and per alpha bin ``tokens@aB``) and the measured cost (ms)
+        at each batch size seen."""
         out: dict[str, dict[str, float | None]] = {}
         for t in self.tiers:
             row: dict[str, float | None] = {"tokens": self.expected_tokens(t), "steps": self.steps_run[t]}
+            for (tt, b), acc in sorted(self._accepted_bin.items(), key=lambda kv: kv[0][1]):
+                if tt == t:
+                    row[f"tokens@a{b}"] = round(1.0 + acc, 3)
             for tt, bs in sorted(self._cost, key=lambda k: k[1]):
                 if tt == t:
                     row[f"ms@{bs}"] = round(1000.0 * self.cost(tt, bs), 2)

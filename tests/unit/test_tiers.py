@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -208,6 +209,60 @@ def test_a_probe_is_judged_only_once_its_feedback_is_in():
     chooser.observe([0])  # the OFF step's feedback
     chooser.observe([0])  # the probe's
     assert chooser.choose(1) == OFF and chooser.probe_gap(BIG) == 4
+
+
+def _alpha_run(alpha_bins: int, steps: int = 400) -> tuple[dict[bool, list[Tier]], float]:
+    """Batch 1, half the steps confident (alpha 0.9: BIG accepts 3 drafts), half not (alpha 0.1: none).
+    Returns the tiers chosen after 100 steps, by confidence, and the tokens per second of the whole run."""
+    chooser = TierChooser([OFF, BIG], probe_every=4, alpha_bins=alpha_bins)
+    rng = random.Random(0)
+    chosen: dict[bool, list[Tier]] = {True: [], False: []}
+    tokens = seconds = 0.0
+    for step in range(steps):
+        confident = rng.random() < 0.5
+        tier = chooser.choose(1, 0.9 if confident else 0.1)
+        secs, accepted = (0.06, 0) if tier.off else (0.1, 3 if confident else 0)
+        chooser.record_cost(tier, 1, secs)
+        chooser.observe([accepted])
+        tokens, seconds = tokens + 1 + accepted, seconds + secs
+        if step >= 100:
+            chosen[confident].append(tier)
+    return chosen, tokens / seconds
+
+
+def test_alpha_bins_speculate_when_the_draft_is_confident():
+    """Per alpha bin, BIG rates 4 / 0.1 = 40 tok/s (confident) or 1 / 0.1 = 10 (not) against off's 16.7: the chooser
+    follows the draft's confidence step by step; one average per tier (about 1.5 accepted) cannot tell the steps
+    apart."""
+    by_alpha, rate = _alpha_run(alpha_bins=4)
+    assert by_alpha[True].count(BIG) >= 0.9 * len(by_alpha[True])
+    assert by_alpha[False].count(OFF) >= 0.9 * len(by_alpha[False])
+    flat, flat_rate = _alpha_run(alpha_bins=0)
+    share = {c: flat[c].count(BIG) / len(flat[c]) for c in (True, False)}
+    assert abs(share[True] - share[False]) < 0.2
+    assert rate > 1.2 * flat_rate  # 29.6 against 23.2 tok/s here
+
+
+def test_alpha_feedback_is_credited_to_the_bin_its_step_ran_in():
+    chooser = TierChooser([OFF, BIG], probe_every=0, alpha_bins=2, unpriced_first=0)
+    chooser.record_cost(BIG, 1, 0.1)
+    chooser.record_cost(OFF, 1, 0.06)
+    assert chooser.choose(1, 0.9) == BIG and chooser.choose(1, 0.1) == BIG  # unmeasured: run until observed
+    chooser.observe([3])  # the first step's (alpha 0.9), arriving late
+    chooser.observe([1])
+    assert chooser.expected_tokens(BIG, 0.95) == 4.0 and chooser.expected_tokens(BIG, 0.2) == 2.0
+    assert chooser.expected_tokens(BIG) == pytest.approx(1 + 3 + 0.2 * (1 - 3))  # the overall average
+    assert chooser.expected_tokens(BIG, None) == chooser.expected_tokens(BIG, float("nan"))
+    assert chooser.summary()["4:8"]["tokens@a0"] == 2.0 and chooser.summary()["4:8"]["tokens@a1"] == 4.0
+
+
+def test_host_scalar_on_cpu_is_read_at_once():
+    from sage_plugin.runtimes.sglang.tiers import HostScalar
+
+    h = HostScalar("cpu")
+    assert h.latest() is None
+    h.push(torch.tensor(0.25))
+    assert h.latest() == 0.25
 
 
 @settings(max_examples=40, deadline=None)

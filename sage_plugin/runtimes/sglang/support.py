@@ -59,6 +59,7 @@ SGLANG_SUPPORT = RuntimeSupport(
         ),
         "tier_probe_every": _ALL,
         "tier_probe_backoff": _ALL,
+        "tier_alpha_bins": _ALL,
     },
     not_read={
         "pad_forwards": "with node_budget auto only (a fixed verify width has nothing to pad)",

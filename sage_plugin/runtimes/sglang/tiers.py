@@ -10,12 +10,14 @@ pairs with the beam's topk fixed, so :class:`SageTierController` is that control
 * ``init_states`` (called by ``EAGLEWorkerV2.init_cuda_graphs``, as for ``--speculative-adaptive``) builds every
   tier's state through the worker's own ``build_adaptive_runtime_state``;
 * ``activate_step_by_batch`` (called by ``EAGLEWorkerV2.forward_batch_generation`` before each decode step) asks
-  the chooser for the step's tier from the batch size and host-side estimates only, and swaps the state;
+  the chooser for the step's tier from the batch size, the batch's mean SAGE alpha as last read on the host
+  (:class:`HostScalar`, set by the worker as :attr:`SageTierController.alpha`) and host-side estimates only, and
+  swaps the state;
 * ``on_verify_complete`` (SGLang's result processor, once accept lengths are on the host) feeds the chooser.
 
 :class:`StepClock` times each decode step for the chooser's cost table without a device sync: on CPU the step has
 finished when the worker returns; on CUDA a pair of events per step is read once it has completed (``query()``),
-one or more steps late.
+one or more steps late.  :class:`HostScalar` reads a device scalar (the batch's mean alpha) the same way.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, Sp
 
 from sage_plugin.core.tiers import Tier, TierChooser
 
-__all__ = ["SageTierController", "StepClock", "TierSwitchLogFilter"]
+__all__ = ["HostScalar", "SageTierController", "StepClock", "TierSwitchLogFilter"]
 
 
 class _ChooserPolicy:
@@ -71,6 +73,8 @@ class SageTierController(AdaptiveController):
         self._states: dict[Tier, SpecRuntimeState] = {}  # type: ignore[assignment]
         self.active: Tier | None = None
         self.switches = 0
+        #: the batch's mean SAGE alpha for the next choice (host float; None: not known yet)
+        self.alpha: float | None = None
 
     def register(self, state: SpecRuntimeState, steps: int | None = None) -> None:
         self._states[Tier(state.speculative_num_steps, state.speculative_num_draft_tokens)] = state
@@ -87,7 +91,7 @@ class SageTierController(AdaptiveController):
         self._activate(self.chooser.tiers[-1])
 
     def activate_step_by_batch(self, batch_size: int) -> None:
-        tier = self.chooser.choose(batch_size)
+        tier = self.chooser.choose(batch_size, self.alpha)
         if tier != self.active:
             self._activate(tier)
             self.switches += 1
@@ -129,6 +133,49 @@ class StepClock:
             k, s, e = self._open.popleft()
             done.append((k, s.elapsed_time(e) / 1000.0))
         return done
+
+
+class HostScalar:
+    """The latest value of a device scalar that has reached the host, without a sync.
+
+    CPU: the value is on the host at once.  CUDA: :meth:`push` starts a non-blocking copy into one of a few pinned
+    buffers and records an event; :meth:`latest` returns the newest copy whose event has completed (one or more steps
+    late; the previous value, or None, while none has).
+    """
+
+    RING = 4
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self._value: float | None = None
+        self._open: deque[tuple[torch.Tensor, Any]] = deque()
+        self._free: list[torch.Tensor] = (
+            [torch.empty((), dtype=torch.float32, pin_memory=True) for _ in range(self.RING)] if self.cuda else []
+        )
+
+    def push(self, value: torch.Tensor) -> None:
+        """Start reading ``value`` (a 0-d float tensor on the device); dropped while every buffer is in flight."""
+        if not self.cuda:
+            self._value = float(value)
+            return
+        self._reap()
+        if not self._free:
+            return
+        buf = self._free.pop()
+        buf.copy_(value, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        self._open.append((buf, ev))
+
+    def latest(self) -> float | None:
+        self._reap()
+        return self._value
+
+    def _reap(self) -> None:
+        while self._open and self._open[0][1].query():
+            buf, _ = self._open.popleft()
+            self._value = float(buf)
+            self._free.append(buf)
 
 
 class TierSwitchLogFilter(logging.Filter):

@@ -36,6 +36,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, StandaloneWorkerV2
 
 from sage_plugin.config import SageConfig
+from sage_plugin.core.entropy import root_confidence
 from sage_plugin.core.slots import SlotState
 from sage_plugin.core.tiers import TierChooser, parse_tiers
 from sage_plugin.models import draft_head_ids
@@ -44,7 +45,7 @@ from .args import sage_config_of
 from .hooks import ACTIVE_SELECTION
 from .meta import SageRoundDevice
 from .selection import BeamSelection
-from .tiers import SageTierController, StepClock, TierSwitchLogFilter
+from .tiers import HostScalar, SageTierController, StepClock, TierSwitchLogFilter
 
 __all__ = ["BeamSelection", "SageDraftWorker", "SageEagleDraftWorker", "SageEagleWorkerV2", "SageWorkerV2"]
 
@@ -226,8 +227,10 @@ class SageWorkerMixin:
             self._draft_worker.init_sage(cfg)
             if cfg.tiers:
                 # built by EAGLEWorkerV2.init_cuda_graphs, chosen in forward_batch_generation, as --speculative-adaptive
-                chooser = TierChooser(parse_tiers(cfg.tiers), cfg.tier_probe_every, probe_backoff=cfg.tier_probe_backoff)
+                chooser = TierChooser(parse_tiers(cfg.tiers), cfg.tier_probe_every, probe_backoff=cfg.tier_probe_backoff,
+                                      alpha_bins=cfg.tier_alpha_bins)  # fmt: skip
                 self.sage_tiers = SageTierController(self, chooser)
+                self._sage_alpha = HostScalar(self.device)
                 self.adaptive_controller = self.sage_tiers
                 logging.getLogger(EAGLEWorkerV2.__module__).addFilter(TierSwitchLogFilter())
         logger.info("SAGE worker ready (%s): %s", type(self).__name__, cfg.to_dict())
@@ -251,6 +254,8 @@ class SageWorkerMixin:
         tiers = self.sage_tiers if not (prefill or idle) else None
         if tiers is not None and self._sage_last_end is not None and not self._sage_clock.cuda:
             tiers.chooser.record_overhead(time.perf_counter() - self._sage_last_end)
+        if tiers is not None and self.sage_cfg.tier_alpha_bins:
+            tiers.alpha = self._batch_alpha(batch)
         started = self._sage_clock.start() if tiers is not None else None
         out = super().forward_batch_generation(
             batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
@@ -277,6 +282,16 @@ class SageWorkerMixin:
                     # per-request alpha/D/W for meta_info["sage"], copied with the step's tokens (meta.py)
                     logits.auxiliary_device_output = append_auxiliary_output(logits.auxiliary_device_output, round_info)
         return out
+
+
+    def _batch_alpha(self, batch: Any) -> float | None:
+        """The batch's mean SAGE alpha from the draft's top probabilities at each request's root (the last draft
+        extend's ``topk_p``), as last read on the host (:class:`HostScalar`: at once on CPU, a step or more late on
+        CUDA); the tier chooser's confidence."""
+        topk_p = getattr(batch.spec_info, "topk_p", None)
+        if topk_p is not None and topk_p.dim() == 2 and topk_p.shape[0] > 0:
+            self._sage_alpha.push(root_confidence(topk_p, self.sage_cfg.k).mean())
+        return self._sage_alpha.latest()
 
 
 class SageWorkerV2(SageWorkerMixin, StandaloneWorkerV2):
