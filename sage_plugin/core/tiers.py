@@ -20,7 +20,7 @@ tensor-parallel rank running the same schedule picks the same tier with no commu
 * each tier's expected tokens per request per step (1 + the mean accepted drafts, an exponential moving average
   fed from the accept counts the runtime already copies to the host, :meth:`TierChooser.observe`; exactly 1 for
   the off tier);
-* with ``alpha_bins`` > 0, the draft's confidence at the step's root: the batch's mean SAGE alpha (Eq. 7-8, from the
+* with ``alpha_bins`` > 0, the draft's confidence at the step's root: the batch's mean SAGE alpha (Eq. 7-9, from the
   draft's top probabilities for the next token, which the runtime copies to the host without a sync, possibly a step
   late).  Each tier then keeps one moving average per alpha bin (``alpha_bins`` equal bins of ``[0, 1]``, the rule of
   :func:`~sage_plugin.core.calibration.calibration_bin`), and a step's expected tokens are its bin's (the tier's
@@ -33,9 +33,8 @@ re-measured (*probed*) once it has not run for its probe gap, so the estimates f
 at ``probe_every`` steps; a probe the tier loses (another tier still rates higher at that batch size once its
 feedback is in) doubles it, up to ``probe_backoff * probe_every``, and a tier that wins (probe or plain choice) is
 back to ``probe_every``.  A deep tier that cannot pay at a large batch costs several off steps per probe (SmolLM2 on
-the 2-core CPU, batch 8: 270 ms against 85 ms), so probing it every 16 steps alone cost about a tenth of the
-throughput; the back-off bounds that while a change of traffic is still found within ``probe_backoff *
-probe_every`` steps.  Feedback may lag: the runtime calls
+the 2-core CPU, batch 8: 270 ms against 85 ms), so probing it every 16 steps alone cost about 14% of the time; the
+back-off bounds that while a change of traffic is still found within ``probe_backoff * probe_every`` steps.  Feedback may lag: the runtime calls
 :meth:`TierChooser.choose` when a step starts and :meth:`observe` when its accept counts reach the host, possibly
 after later steps started (overlap scheduling); observations are matched to steps in launch order.
 
