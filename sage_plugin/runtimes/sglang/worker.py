@@ -283,7 +283,6 @@ class SageWorkerMixin:
                     logits.auxiliary_device_output = append_auxiliary_output(logits.auxiliary_device_output, round_info)
         return out
 
-
     def _batch_alpha(self, batch: Any) -> float | None:
         """The batch's mean SAGE alpha from the draft's top probabilities at each request's root (the last draft
         extend's ``topk_p``), as last read on the host (:class:`HostScalar`: at once on CPU, a step or more late on
