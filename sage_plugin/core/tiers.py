@@ -6,8 +6,9 @@ a *tier* ``(steps, draft_tokens)``: ``steps`` draft forwards of a fixed-width be
 plain decode step.  Inside a tier SAGE still shapes each request's tree (which ``draft_tokens - 1`` candidates are
 verified); the tier only bounds it.
 
-:class:`TierChooser` picks the tier of each step from host-side numbers only (no device tensor is read, so every
-tensor-parallel rank running the same schedule picks the same tier with no communication and no device sync):
+:class:`TierChooser` picks the tier of each step from host-side numbers only (no device tensor is read, no device
+sync).  The step timings are each process's own, so tensor-parallel ranks would agree on a tier only if they shared
+them: the SGLang adapter refuses tiers with ``--tp-size`` > 1.  The inputs:
 
 * the batch size;
 * each tier's measured step cost at that batch size (seconds; the low median of the runtime's last ``cost_window``

@@ -188,6 +188,7 @@ def validate(sa: ServerArgs) -> None:
         (["--sage-static-tree", "[[0], [0, 0, 1], [0, 1]]"], "--sage-static-tree: path [0, 0, 1] has no parent path [0, 0]"),
         (["--speculative-eagle-topk", "1"], "--speculative-eagle-topk must be >= 2 with --speculative-algorithm sage"),
         (["--speculative-num-draft-tokens", "999"], "--speculative-num-draft-tokens must be in [2, "),
+        (["--sage-tiers", "[[0, 1], [3, 5]]", "--tp-size", "2"], "--sage-tiers with --tp-size 2: each tensor-parallel rank would choose"),
     ],
 )  # fmt: skip
 def test_bad_values_name_the_flag(argv, message):
