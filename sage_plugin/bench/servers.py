@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -51,6 +50,11 @@ class HttpServer:
     def get(self, path: str) -> dict:
         return json.loads(self.get_text(path))
 
+    def health(self, timeout: float) -> int:
+        """The HTTP status of ``GET /health`` (``OSError`` when the server does not answer)."""
+        with urllib.request.urlopen(f"{self.base_url}/health", timeout=timeout) as r:
+            return r.status
+
     def get_text(self, path: str) -> str:
         with urllib.request.urlopen(f"{self.base_url}{path}", timeout=60) as r:
             return r.read().decode()
@@ -69,9 +73,8 @@ class RemoteServer(HttpServer):
     def __init__(self, name: str, url: str) -> None:
         self.base_url = url.rstrip("/")
         try:
-            with urllib.request.urlopen(f"{self.base_url}/health", timeout=10) as r:
-                status = r.status
-        except (OSError, urllib.error.URLError) as exc:
+            status = self.health(timeout=10)
+        except OSError as exc:  # urllib's URLError included
             raise ConfigError(f"--url {name}={url}: the server does not answer /health ({exc})") from exc
         if status != 200:
             raise ConfigError(f"--url {name}={url}: /health answered {status}")
@@ -100,9 +103,8 @@ class Server(HttpServer):
                 self._fh.close()
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log.read_text()[-4000:]}")
             try:
-                with urllib.request.urlopen(f"{self.base_url}/health", timeout=5) as r:
-                    if r.status == 200 and "fired up" in log.read_text():
-                        break
+                if self.health(timeout=5) == 200 and "fired up" in log.read_text():
+                    break
             except OSError:
                 pass
             if time.monotonic() > deadline:
