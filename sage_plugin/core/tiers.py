@@ -122,6 +122,8 @@ class TierChooser:
         self._pending: deque[tuple[int, Tier, int | None]] = deque(maxlen=8)
         self._overhead: float | None = None
         self.steps_run: dict[Tier, int] = {t: 0 for t in self.tiers}
+        # per tier: accepted drafts summed over every request of every credited step, and that request count
+        self._lifetime: dict[Tier, list[int]] = {t: [0, 0] for t in self.tiers}
         self._steps = 0
 
     # -- estimates ----------------------------------------------------------------------------------------
@@ -221,6 +223,8 @@ class TierChooser:
         _, tier, b = self._pending.popleft()
         if tier.off or not accepted_drafts:
             return tier
+        self._lifetime[tier][0] += sum(accepted_drafts)
+        self._lifetime[tier][1] += len(accepted_drafts)
         mean = sum(accepted_drafts) / len(accepted_drafts)
         self._accepted[tier] = self._ema(self._accepted.get(tier), mean)
         if b is not None:
@@ -238,11 +242,14 @@ class TierChooser:
         return None
 
     def summary(self) -> dict[str, dict[str, float | None]]:
-        """Per tier: expected tokens per request (overall, and per alpha bin ``tokens@aB``) and the measured cost (ms)
-        at each batch size seen."""
+        """Per tier: expected tokens per request (the chooser's current estimates: overall, and per alpha bin
+        ``tokens@aB``), ``mean_tokens`` (tokens per request averaged over every request the tier ever served, None
+        before any; the off tier: 1.0) and the measured cost (ms) at each batch size seen."""
         out: dict[str, dict[str, float | None]] = {}
         for t in self.tiers:
             row: dict[str, float | None] = {"tokens": self.expected_tokens(t), "steps": self.steps_run[t]}
+            total, n = self._lifetime[t]
+            row["mean_tokens"] = 1.0 if t.off else (round(1.0 + total / n, 3) if n else None)
             for (tt, b), acc in sorted(self._accepted_bin.items(), key=lambda kv: kv[0][1]):
                 if tt == t:
                     row[f"tokens@a{b}"] = round(1.0 + acc, 3)

@@ -292,8 +292,23 @@ def test_summary_reports_steps_tokens_and_costs():
     chooser = TierChooser([OFF, BIG], probe_every=0)
     _run(chooser, SimDevice({OFF: (0.05, 0.0), BIG: (0.1, 0.0)}, {BIG: 1}), bs=1, steps=4)
     summary = chooser.summary()
-    assert summary["4:8"] == {"tokens": 2.0, "steps": 4 - summary["0:1"]["steps"], "ms@1": 100.0}
-    assert summary["0:1"]["tokens"] == 1.0
+    assert summary["4:8"] == {"tokens": 2.0, "steps": 4 - summary["0:1"]["steps"], "mean_tokens": 2.0, "ms@1": 100.0}
+    assert summary["0:1"]["tokens"] == 1.0 and summary["0:1"]["mean_tokens"] == 1.0
+
+
+def test_mean_tokens_is_the_lifetime_mean_per_request_not_the_estimate():
+    """``tokens`` is the chooser's smoothed estimate (it follows the latest steps); ``mean_tokens`` weighs every
+    request of every credited step alike."""
+    chooser = TierChooser([OFF, BIG], probe_every=0, alpha_bins=0)
+    assert chooser.summary()["4:8"]["mean_tokens"] is None
+    feedback = [[3, 3, 3, 3], [3, 3], [0], [0]]
+    for acc in feedback:
+        chooser._pending.append((0, BIG, None))
+        chooser.observe(acc)
+    naive = sum(1 + a for acc in feedback for a in acc) / sum(len(acc) for acc in feedback)
+    summary = chooser.summary()["4:8"]
+    assert summary["mean_tokens"] == pytest.approx(naive, abs=1e-3)  # 3.25
+    assert summary["tokens"] == pytest.approx(1 + 3 * 0.8**2, abs=1e-3)  # moved towards the last steps' 1 token
 
 
 def test_a_cold_first_step_does_not_price_a_tier_out():

@@ -229,7 +229,9 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
         assert row["steps"] > 0 and row["tokens"] is not None and row["tokens"] >= 1.0, report
         assert any(k.startswith("ms@") and v > 0 for k, v in row.items()), report
     assert report["0:1"]["tokens"] == 1.0
-    assert report["6:11"]["tokens"] > 1.5, report  # the draft is useful (its head ids map back to the vocabulary)
+    # the draft is useful (its head ids map back to the vocabulary): the deep tier's mean over all it served (its
+    # current estimate follows the last steps, a few batch-1 steps of one prompt)
+    assert report["6:11"]["mean_tokens"] > 1.5, report
     assert sage["tier_switches"] > 0
     assert sage["kv_available_tokens"] == kv0, (sage, kv0)
     log = (tmp_path / "tiers.log").read_text()
