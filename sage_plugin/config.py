@@ -137,6 +137,9 @@ class SageConfig:
     tier_probe_backoff: int = 8
     # acceptance of each tier kept per bin of the batch's mean alpha (0: one average per tier, alpha not used)
     tier_alpha_bins: int = 4
+    # a tier is measured at a new batch size only if its rate could still beat the best measured there, its cost
+    # bounded below from a smaller size less this fraction (1: every tier measured at every batch size)
+    tier_bound_slack: float = 0.1
     theta0: float = 0.1  # theta_l = theta0 * l / D
     alpha_init: float = 0.5
     first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)
@@ -196,6 +199,7 @@ class SageConfig:
         _int_in("tier_probe_every", self.tier_probe_every, 0, 1_000_000)
         _int_in("tier_probe_backoff", self.tier_probe_backoff, 1, 1024)
         _int_in("tier_alpha_bins", self.tier_alpha_bins, 0, 64)
+        _float_in("tier_bound_slack", self.tier_bound_slack, 0.0, 1.0)
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
         if (self.rerank_nodes or self.rerank_pool != "kept") and self.topology == "planned":
             raise ConfigError(

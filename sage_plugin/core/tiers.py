@@ -29,7 +29,11 @@ them: the SGLang adapter refuses tiers with ``--tp-size`` > 1.  The inputs:
   speculation off, step by step, as SAGE's alpha sizes its trees.
 
 The choice maximises ``expected tokens / cost``.  A tier never measured at a batch size is tried first there (the
-runtime's start-up measurement, amortised over the first steps at each batch size), and a tier not chosen is
+runtime's start-up measurement, amortised over the first steps at each batch size), cheapest first, and only while
+it could still win there: its cost at the nearest smaller measured batch size, grown as the smallest tier's cost
+grew since (less ``bound_slack``), bounds its cost from below, and a tier whose rate under that bound cannot beat the best rate measured at this size is not run for
+its price (a traffic ramp from 1 to 12 requests had measured the ``[6, 11]`` tier at eight sizes, 116-415 ms a
+step against the off tier's 53-108).  A tier not chosen is
 re-measured (*probed*) once it has not run for its probe gap, so the estimates follow the traffic.  The gap starts
 at ``probe_every`` steps; a probe the tier loses (another tier still rates higher at that batch size once its
 feedback is in) doubles it, up to ``probe_backoff * probe_every``, and a tier that wins (probe or plain choice) is
@@ -88,6 +92,9 @@ class TierChooser:
         alpha_bins: alpha bins of the acceptance averages (0: one average per tier, alpha ignored).
         smoothing: weight of a new sample in the moving averages (acceptance, overhead), in (0, 1].
         cost_window: step timings kept per tier and batch size (the cost is their low median).
+        bound_slack: a tier is measured at a new batch size only if its rate there, with its step cost bounded below
+            (:meth:`cost_bound`, less this fraction), could beat the best rate measured there (1: every tier is
+            measured at every batch size).
     """
 
     def __init__(
@@ -99,6 +106,7 @@ class TierChooser:
         probe_backoff: int = 8,
         unpriced_first: int = 1,
         alpha_bins: int = 0,
+        bound_slack: float = 0.1,
     ) -> None:
         if not tiers:
             raise ValueError("at least one tier")
@@ -111,6 +119,7 @@ class TierChooser:
         self._cost: dict[tuple[Tier, int], deque[float]] = {}
         self._accepted: dict[Tier, float] = {t: 0.0 for t in self.tiers if t.off}
         self.alpha_bins = alpha_bins
+        self.bound_slack = bound_slack
         self._accepted_bin: dict[tuple[Tier, int], float] = {}
         self._last_used: dict[Tier, int] = {t: -1 for t in self.tiers}
         self.probe_backoff = probe_backoff
@@ -169,7 +178,7 @@ class TierChooser:
         self._steps += 1
         self._judge_probe()
         b = self.alpha_bin(alpha)
-        tier = self._unmeasured(batch_size)
+        tier = self._unmeasured(batch_size, alpha)
         if tier is None:
             tier = self.best(batch_size, alpha) or self.tiers[-1]
             self._gap[tier] = self.probe_every
@@ -234,12 +243,48 @@ class TierChooser:
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.smoothing * (new - old)
 
-    def _unmeasured(self, batch_size: int) -> Tier | None:
-        """The first tier (largest first: it gives acceptance for the others' bounds) lacking an estimate."""
+    def _unmeasured(self, batch_size: int, alpha: float | None = None) -> Tier | None:
+        """The tier to measure before choosing, if any.
+
+        First a tier with no acceptance estimate yet (largest first: its acceptance bounds the others'); then, at a
+        batch size not measured yet, the cheapest-known tier first (the off tier: it sets the rate to beat), each
+        other tier only while it could still beat the best rate measured there (:meth:`_can_win`).
+        """
         for tier in reversed(self.tiers):
-            if self.cost(tier, batch_size) is None or self.expected_tokens(tier) is None:
+            if self.expected_tokens(tier) is None:
+                return tier
+        for tier in self.tiers:
+            if self.cost(tier, batch_size) is None and self._can_win(tier, batch_size, alpha):
                 return tier
         return None
+
+    def cost_bound(self, tier: Tier, batch_size: int) -> float | None:
+        """A lower bound on ``tier``'s step seconds at ``batch_size``, from the nearest smaller batch size ``b`` where
+        it was measured: its cost there, scaled by the smallest tier's growth from ``b`` to ``batch_size`` when that is
+        measured at both, times ``1 - bound_slack``; None when no smaller size is measured.
+
+        It holds while a larger tier's cost relative to the smallest tier's does not fall as the batch grows (its
+        extra verified tokens turn compute-bound first); ``bound_slack`` absorbs this CPU's row-count kinks.
+        """
+        smaller = [bs for (t, bs) in self._cost if t == tier and bs < batch_size]
+        if not smaller or self.bound_slack >= 1.0:
+            return None
+        b = max(smaller)
+        bound = self.cost(tier, b)
+        ref_now, ref_then = self.cost(self.tiers[0], batch_size), self.cost(self.tiers[0], b)
+        if tier != self.tiers[0] and ref_now is not None and ref_then is not None:
+            bound *= max(1.0, ref_now / ref_then)
+        return (1.0 - self.bound_slack) * bound
+
+    def _can_win(self, tier: Tier, batch_size: int, alpha: float | None) -> bool:
+        """Whether ``tier``'s best possible rate at ``batch_size`` (its expected tokens at ``alpha`` over
+        :meth:`cost_bound`) exceeds the best rate measured there; True when either side is unknown."""
+        bound, best = self.cost_bound(tier, batch_size), self.best(batch_size, alpha)
+        if bound is None or best is None:
+            return True
+        tokens = self.expected_tokens(tier, alpha)
+        optimistic = batch_size * tokens / (bound + (self._overhead or 0.0))
+        return optimistic > self.rate(best, batch_size, alpha)
 
     def summary(self) -> dict[str, dict[str, float | None]]:
         """Per tier: expected tokens per request (the chooser's current estimates: overall, and per alpha bin

@@ -21,6 +21,7 @@ _NOT_READ = {
     "tiers": _NO_TIERS,
     "tier_probe_every": _NO_TIERS,
     "tier_probe_backoff": _NO_TIERS,
+    "tier_bound_slack": _NO_TIERS,
     "tier_alpha_bins": _NO_TIERS,
 }
 

@@ -25,6 +25,7 @@ OTHER_VALUES: dict[str, list] = {
     "tiers": [((0, 1), (2, 5)), ((3, 8),)],
     "tier_probe_every": [4, 0],
     "tier_probe_backoff": [1, 64],
+    "tier_bound_slack": [0.0, 1.0],
     "tier_alpha_bins": [0, 8],
     "use_history": [False],
     "history_window": [5],

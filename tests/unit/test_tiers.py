@@ -111,8 +111,9 @@ def test_each_tier_is_measured_first_then_the_best_rate_wins():
     dev = SimDevice({OFF: (0.060, 0.0), SMALL: (0.080, 0.0), BIG: (0.100, 0.0)}, {SMALL: 1, BIG: 2})
     chooser = TierChooser([OFF, SMALL, BIG], probe_every=0)
     chosen = _run(chooser, dev, bs=1, steps=20)
-    # start-up measurement, largest first; each tier's first step is its warm-up (not priced), so it runs twice
-    assert chosen[:6] == [BIG, BIG, SMALL, SMALL, OFF, OFF]
+    # start-up: acceptance first (largest first), then each tier's cost, cheapest first; a tier's first step ever
+    # is its warm-up (not priced), so it runs twice
+    assert chosen[:6] == [BIG, SMALL, OFF, OFF, SMALL, BIG]
     # rates: off 1/0.06 = 16.7, small 2/0.08 = 25, big 3/0.10 = 30 tokens/s
     assert set(chosen[6:]) == {BIG}
     assert chooser.rate(BIG, 1) == pytest.approx(30.0)
@@ -176,9 +177,9 @@ def test_a_tier_that_loses_its_probes_is_probed_ever_less_often(backoff):
     dev = SimDevice({OFF: (0.060, 0.0), BIG: (0.100, 0.0)}, {BIG: 0})
     chooser = TierChooser([OFF, BIG], probe_every=4, probe_backoff=backoff)
     chosen = _run(chooser, dev, bs=1, steps=300)
-    assert chosen[:4] == [BIG, BIG, OFF, OFF]  # start-up: warm-up and measured step of each
+    assert chosen[:4] == [BIG, OFF, OFF, BIG]  # start-up: warm-up and measured step of each
     probes = [i + 1 for i, t in enumerate(chosen) if t == BIG][2:]  # step numbers of BIG's later runs
-    assert probes == _naive_probe_steps(298, 4, backoff, first=2)
+    assert probes == _naive_probe_steps(296, 4, backoff, first=4)
     assert chooser.probe_gap(BIG) == 4 * backoff
 
 
@@ -333,3 +334,61 @@ def test_a_cold_first_step_does_not_price_a_tier_out():
     for secs in (3.4, 0.5, 0.14):
         two.record_cost(BIG, 1, secs)
     assert two.cost(BIG, 1) == 0.14
+
+
+# -- the start-up measurement at a new batch size is skipped for a tier that cannot win there ----------------------
+def _ramp(chooser: TierChooser, dev: SimDevice, sizes: list[int], steps: int = 12) -> tuple[float, dict[int, list]]:
+    """Serve ``steps`` steps at each batch size in turn; the device seconds spent and the tiers run per size."""
+    seconds, chosen = 0.0, {}
+    for bs in sizes:
+        before = len(chosen)
+        chosen[bs] = _run(chooser, dev, bs=bs, steps=steps)
+        assert len(chosen) == before + 1
+        seconds += sum(dev.step(t, bs)[0] for t in chosen[bs])
+    return seconds, chosen
+
+
+def test_a_deep_tier_that_cannot_pay_at_larger_batches_is_not_measured_at_each_one():
+    """BIG pays at batch 1 (3 tokens in 100 ms against 1 in 60) and falls behind as the batch grows (its cost grows
+    four times as fast): once it loses by more than the bound's slack, the sizes above are not paid for at its price."""
+    dev = SimDevice({OFF: (0.050, 0.005), BIG: (0.080, 0.030)}, {BIG: 2})
+    sizes = list(range(1, 13))
+    runs = {}
+    for slack in (0.1, 1.0):
+        chooser = TierChooser([OFF, BIG], probe_every=0, bound_slack=slack)
+        runs[slack] = (_ramp(chooser, dev, sizes), chooser)
+    (t_bound, chosen), bounded = runs[0.1]
+    (t_all, chosen_all), measured_all = runs[1.0]
+    big_sizes = [bs for bs in sizes if BIG in chosen[bs]]
+    assert [bs for bs in sizes if BIG in chosen_all[bs]] == sizes  # slack 1: measured at every size
+    # rates: BIG 3 bs / (0.08 + 0.03 bs), OFF bs / (0.05 + 0.005 bs): BIG wins up to batch 4 (60 vs 57 tok/s)
+    assert [bs for bs in sizes if measured_all.best(bs) == BIG] == [1, 2, 3, 4]
+    # measured where it wins, then while the bound (90% of its cost ratio to OFF at the last size) could still win
+    assert big_sizes == [1, 2, 3, 4, 5, 6, 7]
+    for bs in sizes:  # the same choice wherever both know the rates, and no size loses its best tier
+        assert bounded.best(bs) == measured_all.best(bs)
+    assert t_bound < t_all
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 100_000), slack=st.sampled_from([0.0, 0.1, 0.5]))
+def test_skipping_never_hides_the_best_tier_of_a_batch_size(seed, slack):
+    """On a device where the bound's premise holds (each tier's cost grows with the batch, relatively no slower than
+    the smallest tier's), the chooser's choice at every batch size of a random ramp is the true best tier (oracle:
+    the device's own rates), whichever tiers it skipped measuring."""
+    rng = random.Random(seed)
+    tiers = [OFF, SMALL, BIG]
+    base = {t: rng.uniform(0.02, 0.2) for t in tiers}
+    growth = sorted(rng.uniform(0.0, 0.3) for _ in tiers)  # per request, relative to the tier's base cost
+    dev = SimDevice({t: (base[t], g * base[t]) for t, g in zip(tiers, growth)},
+                    {SMALL: rng.randint(0, 2), BIG: rng.randint(0, 4)})  # fmt: skip
+    sizes = sorted(rng.sample(range(1, 17), rng.randint(2, 8)))
+    chooser = TierChooser(tiers, probe_every=0, bound_slack=slack)
+    _ramp(chooser, dev, sizes, steps=10)
+
+    def true_rate(t: Tier, bs: int) -> float:
+        seconds, acc = dev.step(t, bs)
+        return sum(1 + a for a in acc) / seconds
+
+    for bs in sizes:
+        assert chooser.best(bs) == max(tiers, key=lambda t: true_rate(t, bs)), bs
