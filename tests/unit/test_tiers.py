@@ -392,3 +392,42 @@ def test_skipping_never_hides_the_best_tier_of_a_batch_size(seed, slack):
 
     for bs in sizes:
         assert chooser.best(bs) == max(tiers, key=lambda t: true_rate(t, bs)), bs
+
+
+class _FakeEvent:
+    """A CUDA event stand-in: completes when the test says so; times are set by the test (ms)."""
+
+    clock = 0.0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.done, self.t = False, None
+
+    def record(self) -> None:
+        self.t = _FakeEvent.clock
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, end: "_FakeEvent") -> float:
+        return end.t - self.t
+
+
+def test_step_clock_on_cuda_reports_steps_in_launch_order_once_their_events_completed(monkeypatch):
+    """The CUDA path never waits: a step's time comes back once its end event completed, and never ahead of an
+    earlier step's."""
+    from sage_plugin.runtimes.sglang.tiers import StepClock
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    clock = StepClock("cuda")
+    events = []
+    for i in range(3):
+        _FakeEvent.clock = 100.0 * i
+        start = clock.start()
+        _FakeEvent.clock = 100.0 * i + 10 * (i + 1)
+        assert clock.stop(start, f"s{i}") == []  # nothing has completed yet
+        events.append(clock._open._open[-1][1])
+    events[1].done = True  # the second step's end completed before the first's: held back
+    _FakeEvent.clock = 1000.0
+    assert clock.stop(clock.start(), "s3") == []
+    events[0].done = True
+    assert clock.stop(clock.start(), "s4") == [("s0", 0.01), ("s1", 0.02)]

@@ -107,12 +107,29 @@ class SageTierController(AdaptiveController):
         self.active = tier
 
 
+class _EventQueue:
+    """Payloads waiting for their CUDA event, released in launch order once ``query()`` says the event completed
+    (never a sync)."""
+
+    def __init__(self) -> None:
+        self._open: deque[tuple[Any, Any]] = deque()
+
+    def add(self, payload: Any, event: Any) -> None:
+        self._open.append((payload, event))
+
+    def ready(self) -> list[Any]:
+        done = []
+        while self._open and self._open[0][1].query():
+            done.append(self._open.popleft()[0])
+        return done
+
+
 class StepClock:
     """Wall time of decode steps on ``device`` without a host sync (CPU: at once; CUDA: events, read late)."""
 
     def __init__(self, device: torch.device | str) -> None:
         self.cuda = torch.device(device).type == "cuda"
-        self._open: deque[tuple[Any, Any, Any]] = deque()
+        self._open = _EventQueue()
 
     def start(self) -> Any:
         if self.cuda:
@@ -127,12 +144,8 @@ class StepClock:
             return [(key, time.perf_counter() - started)]
         end = torch.cuda.Event(enable_timing=True)
         end.record()
-        self._open.append((key, started, end))
-        done = []
-        while self._open and self._open[0][2].query():
-            k, s, e = self._open.popleft()
-            done.append((k, s.elapsed_time(e) / 1000.0))
-        return done
+        self._open.add((key, started, end), end)
+        return [(k, s.elapsed_time(e) / 1000.0) for k, s, e in self._open.ready()]
 
 
 class HostScalar:
@@ -148,7 +161,7 @@ class HostScalar:
     def __init__(self, device: torch.device | str) -> None:
         self.cuda = torch.device(device).type == "cuda"
         self._value: float | None = None
-        self._open: deque[tuple[torch.Tensor, Any]] = deque()
+        self._open = _EventQueue()
         self._free: list[torch.Tensor] = (
             [torch.empty((), dtype=torch.float32, pin_memory=True) for _ in range(self.RING)] if self.cuda else []
         )
@@ -165,15 +178,14 @@ class HostScalar:
         buf.copy_(value, non_blocking=True)
         ev = torch.cuda.Event()
         ev.record()
-        self._open.append((buf, ev))
+        self._open.add(buf, ev)
 
     def latest(self) -> float | None:
         self._reap()
         return self._value
 
     def _reap(self) -> None:
-        while self._open and self._open[0][1].query():
-            buf, _ = self._open.popleft()
+        for buf in self._open.ready():
             self._value = float(buf)
             self._free.append(buf)
 

@@ -18,6 +18,7 @@ from sage_plugin.compat import SGLANG_VERSION  # noqa: E402
 from sage_plugin.runtimes.sglang.hooks import (  # noqa: E402
     ADD_CLI_ARGS,
     ADD_SPECULATIVE_STATE,
+    COMPUTE_LM_HEAD,
     FROM_CLI_ARGS,
     HOOK_TARGETS,
     ORGANIZE_DRAFT_RESULTS,
@@ -37,6 +38,7 @@ HOOK_SHAPES = {
     OUTPUT_STREAMER_CLASS: (None, ["self"]),
     VERIFY_USES_GREEDY: (None, ["is_all_greedy", "is_cpu", "is_hip", "is_xpu", "use_rejection_sampling"]),
     REPORT_DECODE_STATS: (None, ["self", "can_run_cuda_graph", "running_batch", "num_generated_tokens"]),
+    COMPUTE_LM_HEAD: (None, ["self", "hidden_states", "lm_head", "embedding_bias", "out"]),
 }
 
 #: Upstream symbols the adapter calls or subclasses (not hooked, but pinned by the same version).
@@ -50,6 +52,8 @@ USED_SYMBOLS = [
     "sglang.srt.speculative.spec_registry.CustomSpecAlgo",
     "sglang.srt.managers.overlap_utils.FutureMap",
     "sglang.srt.utils.common.is_cpu",
+    "sglang.srt.layers.quantization.unquant.UnquantizedEmbeddingMethod",  # compute_lm_head's plain-head test
+    "sglang.srt.utils.common.use_intel_amx_backend",  # reads the layer's use_intel_amx_backend attribute
     # the SAGE worker subclasses / calls these (worker.py)
     "sglang.srt.speculative.standalone_worker_v2.StandaloneWorkerV2.forward_batch_generation",
     "sglang.srt.speculative.standalone_worker_v2.StandaloneDraftWorker.draft",
