@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.head import head_logits
+from ..core.linear import linear
 
 __all__ = [
     "Eagle3Shape",
@@ -149,7 +149,7 @@ class Eagle3Head(nn.Module):
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [..., draft_vocab] of a step's pre-norm output [..., H]."""
-        return head_logits(self.norm(out), self.lm_head.weight)
+        return linear(self.norm(out), self.lm_head.weight)
 
     def unroll(self, feats: torch.Tensor, tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """Pre-norm outputs [B, T - k - 1, H] of draft steps ``k = 0..steps-1`` (training-time test, see module doc).

@@ -15,11 +15,11 @@ from typing import Any, Protocol
 
 import torch
 
-from ..core.head import head_logits
+from ..core.linear import linear
 from .attention import register as register_attention
 from .kv import PrefillResult, SeqState
 
-__all__ = ["EngineModel", "GenRequest", "HeadLinear", "TextModel", "load_causal_lm", "use_head_logits"]
+__all__ = ["EngineModel", "GenRequest", "RowsLinear", "TextModel", "load_causal_lm", "use_fast_linears"]
 
 
 @dataclass(slots=True)
@@ -98,7 +98,7 @@ class TextModel:
         x = torch.tensor([ids], dtype=torch.int64, device=self.device).clamp(max=self.vocab_size - 1)
         if self.head_ids is None:
             return self.model(input_ids=x).logits[0].float()
-        small = head_logits(self.model.get_decoder()(input_ids=x).last_hidden_state[0], self._head_w).float()
+        small = linear(self.model.get_decoder()(input_ids=x).last_hidden_state[0], self._head_w).float()
         full = small.new_full((small.shape[0], self.vocab_size), float("-inf"))
         return full.index_copy_(1, self.head_ids, small)
 
@@ -124,7 +124,7 @@ class TextModel:
             input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=state.cache, use_cache=True
         ).last_hidden_state
         state.appended(ids.shape[1])
-        small = head_logits(hidden, self._head_w).float()
+        small = linear(hidden, self._head_w).float()
         full = small.new_full((*small.shape[:2], self.vocab_size), float("-inf"))
         return full.index_copy_(2, self.head_ids, small)
 
@@ -138,24 +138,20 @@ def load_causal_lm(path: str | Path, device: str | torch.device = "cpu", dtype: 
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=register_attention())
-    return use_head_logits(model.to(device).eval().requires_grad_(False))
+    return use_fast_linears(model.to(device).eval().requires_grad_(False))
 
 
-class HeadLinear(torch.nn.Module):
-    """An output head (``weight [V, H]``, no bias) computed by :func:`~sage_plugin.core.head.head_logits`."""
+class RowsLinear(torch.nn.Linear):
+    """``nn.Linear`` computed by :func:`~sage_plugin.core.linear.linear` (weight-major on CPU at a few rows)."""
 
-    def __init__(self, weight: torch.nn.Parameter) -> None:
-        super().__init__()
-        self.weight = weight  # the same Parameter: a tied embedding stays tied
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return head_logits(hidden, self.weight)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
 
 
-def use_head_logits(model: Any) -> Any:
-    """``model`` with its bias-free linear output head replaced by :class:`HeadLinear` (weight-major on CPU at a
-    few rows: ``core/head.py``); other heads are left alone."""
-    head = model.get_output_embeddings()
-    if isinstance(head, torch.nn.Linear) and head.bias is None:
-        model.set_output_embeddings(HeadLinear(head.weight))
+def use_fast_linears(model: Any) -> Any:
+    """``model`` with every ``nn.Linear`` (the output head included) re-classed to :class:`RowsLinear`, in place:
+    the same parameters (a tied head stays tied), the same state dict, the rule of ``core/linear.py``."""
+    for module in model.modules():
+        if type(module) is torch.nn.Linear:
+            module.__class__ = RowsLinear
     return model

@@ -283,11 +283,11 @@ def build_smolvlm(text_model_dir: Path, out_dir: Path, seed: int = 0) -> Path:
 
 
 def load_vlm(path: str | Path, device: str | torch.device = "cpu"):
-    """``(model, processor)`` of a saved VLM: fp32, eval mode, SDPA attention, no grad, the output head of
-    :func:`~sage_plugin.engines.lm.use_head_logits`."""
+    """``(model, processor)`` of a saved VLM: fp32, eval mode, SDPA attention, no grad, the linear layers of
+    :func:`~sage_plugin.engines.lm.use_fast_linears`."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from ..lm import use_head_logits
+    from ..lm import use_fast_linears
 
     model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch.float32, attn_implementation="sdpa")
-    return use_head_logits(model.to(device).eval().requires_grad_(False)), AutoProcessor.from_pretrained(str(path))
+    return use_fast_linears(model.to(device).eval().requires_grad_(False)), AutoProcessor.from_pretrained(str(path))

@@ -1,5 +1,5 @@
-"""The only place SAGE patches SGLang: eight ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
-CPU output head).
+"""The only place SAGE patches SGLang: nine ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
+CPU linear layers).
 
 SGLang 0.5.23 has no API for plugin-owned command-line flags (``docs/sglang.md``, "Flags"),
 so the plugin wraps the two functions of its parse path.  Each hook has an entry in ``patches/INDEX.md``;
@@ -42,11 +42,12 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
   (:data:`PROMETHEUS_GAUGES`, ``sglang:sage_*``, labelled like SGLang's scheduler gauges) from the SAGE worker's
   counters.
 
-* :func:`compute_lm_head` (AROUND ``LogitsProcessor._compute_lm_head``): on CPU, a float32 unquantized head without
-  bias, LoRA or the AMX packed layout is computed by :func:`sage_plugin.core.head.head_logits` (weight-major at a few
-  rows: 2.3 against 6.7 ms for one row of SmolLM2's head, 4.6 against 11.6 for five on the 2-core CPU), the rule the
-  reference engine's heads use.  Plain and speculative serving alike (the target's and the draft's heads); every
-  other case keeps SGLang's product.
+* :func:`compute_lm_head` (AROUND ``LogitsProcessor._compute_lm_head``) and :func:`unquantized_linear`
+  (AROUND ``UnquantizedLinearMethod.apply``): on CPU, a float32 unquantized head (without bias, LoRA, the AMX packed
+  layout) or linear layer (not AMX-packed) is computed by :func:`sage_plugin.core.linear.linear` (weight-major at
+  1-64 rows: a whole SmolLM2 forward at 1 / 2 / 5 tokens 26 / 26 / 34 ms against 40 / 66 / 54 on the 2-core CPU),
+  the rule the reference engine uses.  Plain and speculative serving alike (target and draft); every other case
+  keeps SGLang's product.
 
 Hooks are registered by :func:`install_hooks` (from ``register()``) and applied by SGLang's
 ``load_plugins()`` after every plugin ran.  Hook functions here import nothing from SGLang.
@@ -70,6 +71,7 @@ __all__ = [
     "organize_draft_results",
     "add_speculative_state",
     "compute_lm_head",
+    "unquantized_linear",
     "output_streamer_class",
     "report_decode_stats",
     "verify_uses_greedy",
@@ -90,6 +92,7 @@ REPORT_DECODE_STATS = (
     "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter.report_decode_stats"
 )
 COMPUTE_LM_HEAD = "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head"
+UNQUANTIZED_LINEAR = "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply"
 #: Prometheus gauge -> (key of the SAGE worker's ``sage_stats()``, help text)
 PROMETHEUS_GAUGES = {
     "sglang:sage_rounds": ("sage_rounds", "SAGE: drafted request-rounds since start."),
@@ -205,12 +208,12 @@ def compute_lm_head(
 ) -> Any:
     """AROUND ``LogitsProcessor._compute_lm_head(self, hidden_states, lm_head, embedding_bias=None, *, out=None)``.
 
-    The CPU float32 plain head takes :func:`~sage_plugin.core.head.head_logits` (``out`` is a CUDA-only buffer
+    The CPU float32 plain head takes :func:`~sage_plugin.core.linear.linear` (``out`` is a CUDA-only buffer
     upstream: its CPU branch never writes it).
     """
     import torch
 
-    from ...core.head import head_logits
+    from ...core.linear import linear
 
     weight = getattr(lm_head, "weight", None)
     quant = getattr(lm_head, "quant_method", None)
@@ -224,8 +227,26 @@ def compute_lm_head(
         and not hasattr(lm_head, "set_lora")
         and getattr(self, "rl_on_policy_target", None) is None
     ):
-        return head_logits(hidden_states, weight)
+        return linear(hidden_states, weight)
     return original(self, hidden_states, lm_head, embedding_bias, **kwargs)
+
+
+def unquantized_linear(original: Callable[..., Any], self: Any, layer: Any, x: Any, bias: Any = None) -> Any:
+    """AROUND ``UnquantizedLinearMethod.apply(self, layer, x, bias=None)``: a CPU float32 layer that is not
+    AMX-packed takes :func:`~sage_plugin.core.linear.linear` (upstream's CPU branch is ``F.linear``)."""
+    import torch
+
+    from ...core.linear import linear
+
+    weight = getattr(layer, "weight", None)
+    if (
+        isinstance(weight, torch.Tensor)
+        and x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and not getattr(layer, "use_intel_amx_backend", False)
+    ):
+        return linear(x, weight, bias)
+    return original(self, layer, x, bias)
 
 
 def _sage_draft_worker(scheduler: Any) -> Any:
@@ -267,6 +288,7 @@ HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = (
     (VERIFY_USES_GREEDY, verify_uses_greedy),
     (REPORT_DECODE_STATS, report_decode_stats),
     (COMPUTE_LM_HEAD, compute_lm_head),
+    (UNQUANTIZED_LINEAR, unquantized_linear),
 )
 HOOK_TARGETS: tuple[str, ...] = tuple(target for target, _ in HOOKS)
 

@@ -24,6 +24,7 @@ from sage_plugin.runtimes.sglang.hooks import (  # noqa: E402
     ORGANIZE_DRAFT_RESULTS,
     OUTPUT_STREAMER_CLASS,
     REPORT_DECODE_STATS,
+    UNQUANTIZED_LINEAR,
     VERIFY_USES_GREEDY,
 )
 
@@ -39,6 +40,7 @@ HOOK_SHAPES = {
     VERIFY_USES_GREEDY: (None, ["is_all_greedy", "is_cpu", "is_hip", "is_xpu", "use_rejection_sampling"]),
     REPORT_DECODE_STATS: (None, ["self", "can_run_cuda_graph", "running_batch", "num_generated_tokens"]),
     COMPUTE_LM_HEAD: (None, ["self", "hidden_states", "lm_head", "embedding_bias", "out"]),
+    UNQUANTIZED_LINEAR: (None, ["self", "layer", "x", "bias"]),
 }
 
 #: Upstream symbols the adapter calls or subclasses (not hooked, but pinned by the same version).

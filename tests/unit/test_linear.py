@@ -1,5 +1,5 @@
-"""The output head's product (``core/head.py``) against ``F.linear``, and its consumers: the reference engine's heads
-and SGLang's ``_compute_lm_head`` hook."""
+"""The few-row linear rule (``core/linear.py``) against ``F.linear``, and its consumers: the reference engine's models
+and SGLang's ``_compute_lm_head`` and ``UnquantizedLinearMethod.apply`` hooks."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sage_plugin.core.head import PAD_ONE_ROW_MIN_NUMEL, WEIGHT_MAJOR_MAX_ROWS, head_logits
-from sage_plugin.engines.lm import HeadLinear, use_head_logits
-from sage_plugin.runtimes.sglang.hooks import compute_lm_head
+from sage_plugin.core.linear import MAX_ROWS, linear
+from sage_plugin.engines.lm import RowsLinear, use_fast_linears
+from sage_plugin.runtimes.sglang.hooks import compute_lm_head, unquantized_linear
 
-BIG = torch.Generator().manual_seed(0)
-BIG_HEAD = torch.randn(PAD_ONE_ROW_MIN_NUMEL // 64 + 8, 64, generator=BIG)  # above the one-row padding size
+BIG_HEAD = torch.randn(49152, 64, generator=torch.Generator().manual_seed(0))
 
 
 @settings(max_examples=60, deadline=None)
@@ -23,50 +22,56 @@ BIG_HEAD = torch.randn(PAD_ONE_ROW_MIN_NUMEL // 64 + 8, 64, generator=BIG)  # ab
     vocab=st.integers(1, 300),
     hidden=st.integers(1, 40),
     seed=st.integers(0, 10_000),
+    with_bias=st.booleans(),
 )
-def test_head_logits_equals_linear(lead, vocab, hidden, seed):
+def test_linear_equals_f_linear(lead, vocab, hidden, seed, with_bias):
     g = torch.Generator().manual_seed(seed)
     x, w = torch.randn(*lead, hidden, generator=g), torch.randn(vocab, hidden, generator=g)
-    got = head_logits(x, w)
+    b = torch.randn(vocab, generator=g) if with_bias else None
+    got = linear(x, w, b)
     assert got.shape == (*lead, vocab) and got.is_contiguous()
-    torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, WEIGHT_MAJOR_MAX_ROWS, WEIGHT_MAJOR_MAX_ROWS + 1])
-def test_a_large_head_at_any_row_count_equals_linear(rows):
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, MAX_ROWS, MAX_ROWS + 1])
+def test_a_large_head_at_any_row_count_equals_f_linear(rows):
     x = torch.randn(1, rows, BIG_HEAD.shape[1])
-    got = head_logits(x, BIG_HEAD)
+    got = linear(x, BIG_HEAD)
     assert got.shape == (1, rows, BIG_HEAD.shape[0]) and got.is_contiguous()
     torch.testing.assert_close(got, F.linear(x, BIG_HEAD), rtol=1e-5, atol=1e-4)
 
 
-def test_the_weight_major_product_is_taken_at_few_rows_only(monkeypatch):
-    """Up to WEIGHT_MAJOR_MAX_ROWS rows on CPU: ``weight @ x.T``; more rows, or no rows, ``F.linear``."""
+def test_the_weight_major_product_is_taken_at_its_row_counts_only(monkeypatch):
+    """1..MAX_ROWS rows on CPU, same dtypes: weight-major; F.linear otherwise (no rows, more rows, mixed dtypes)."""
+    w = torch.randn(10, 64)
     calls = []
-    monkeypatch.setattr(F, "linear", lambda x, w: calls.append(x.shape) or torch.zeros(*x.shape[:-1], w.shape[0]))
-    w = torch.randn(10, 4)
-    head_logits(torch.randn(2, 4, 4), w)  # 8 rows
-    assert calls == []
-    head_logits(torch.randn(3, 3, 4), w)  # 9 rows
-    head_logits(torch.randn(0, 4), w)
-    assert calls == [(3, 3, 4), (0, 4)]
+    real = F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w, b=None: calls.append(tuple(x.shape)) or real(x, w, b))
+    for rows in (0, 1, 2, MAX_ROWS, MAX_ROWS + 1):
+        linear(torch.randn(rows, 64), w)
+    linear(torch.randn(3, 64, dtype=torch.float64), w.double())  # weight-major: same dtype, in range
+    with pytest.raises(RuntimeError):  # mixed dtypes: F.linear's own error, as without the rule
+        linear(torch.randn(3, 64, dtype=torch.float64), w)
+    assert calls == [(0, 64), (MAX_ROWS + 1, 64), (3, 64)]
 
 
-def test_engine_head_keeps_the_tied_weight_and_the_logits():
+def test_engine_linears_keep_the_tied_weight_the_state_dict_and_the_logits():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                       num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
     model = LlamaForCausalLM(cfg).eval()
     ids = torch.tensor([[3, 17, 5, 40]])
+    keys = list(model.state_dict())
     with torch.inference_mode():
-        ref = model(input_ids=ids).logits
-        use_head_logits(model)
+        ref = [model(input_ids=ids[:, :n]).logits for n in (1, 2, 4)]
+        use_fast_linears(model)
         head = model.get_output_embeddings()
-        assert isinstance(head, HeadLinear)
+        assert isinstance(head, RowsLinear) and isinstance(model.model.layers[0].mlp.gate_proj, RowsLinear)
         assert head.weight is model.get_input_embeddings().weight  # still tied
-        torch.testing.assert_close(model(input_ids=ids).logits, ref, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(model(input_ids=ids[:, :1]).logits, ref[:, :1], rtol=1e-5, atol=1e-5)
+        assert list(model.state_dict()) == keys
+        for n, r in zip((1, 2, 4), ref):
+            torch.testing.assert_close(model(input_ids=ids[:, :n]).logits, r, rtol=1e-5, atol=1e-5)
 
 
 class _Head(torch.nn.Module):
@@ -120,3 +125,21 @@ def test_sglang_hook_leaves_every_other_head_to_sglang(case):
     out = compute_lm_head(original, _processor("fsdp" if case == "rl" else None), x, head, bias, out=None)
     assert out == "sglang" and len(seen) == 1
     assert seen[0][1] is head and seen[0][2] is bias and seen[0][3] == {"out": None}
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_sglang_linear_hook_takes_cpu_float32_layers(with_bias):
+    layer = _Head(torch.randn(12, 8))
+    x, bias = torch.randn(3, 8), torch.randn(12) if with_bias else None
+    got = unquantized_linear(lambda *a: pytest.fail("SGLang's product called"), object(), layer, x, bias)
+    torch.testing.assert_close(got, F.linear(x, layer.weight, bias), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["amx", "float64"])
+def test_sglang_linear_hook_leaves_other_layers_to_sglang(case):
+    dtype = torch.float64 if case == "float64" else torch.float32
+    layer = _Head(torch.randn(12, 8, dtype=dtype), **({"use_intel_amx_backend": True} if case == "amx" else {}))
+    x = torch.randn(3, 8, dtype=dtype)
+    seen = []
+    out = unquantized_linear(lambda self, lyr, xx, b: seen.append((lyr, xx, b)) or "sglang", object(), layer, x)
+    assert out == "sglang" and seen == [(layer, x, None)]
