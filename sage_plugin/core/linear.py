@@ -18,7 +18,7 @@ and of the bundled 4-layer draft: 6.81 / 3.81 ms at 1 token, 10.75 / 3.36 at 2, 
 and 7-11 rows.)  Above :data:`MAX_ROWS` rows (prefill), and on every other device (cuBLAS picks its own layout),
 ``F.linear`` is kept.  The results equal ``F.linear``'s up to float rounding (a row's sum is reduced in another order;
 neither kernel is batch-invariant to the last bit either), so every consumer, plain decoding included, takes the same
-rule: the reference engine's models (:func:`sage_plugin.engines.lm.use_fast_linears`), the EAGLE-3 head, and SGLang's
+rule: the reference engine's models and EAGLE-3 heads (:func:`sage_plugin.engines.lm.use_fast_linears`), and SGLang's
 linear methods and ``LogitsProcessor`` on CPU (``runtimes/sglang/hooks.py``).
 """
 

@@ -28,8 +28,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.linear import linear
-
 __all__ = [
     "Eagle3Shape",
     "Eagle3Head",
@@ -149,7 +147,7 @@ class Eagle3Head(nn.Module):
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [..., draft_vocab] of a step's pre-norm output [..., H]."""
-        return linear(self.norm(out), self.lm_head.weight)
+        return self.lm_head(self.norm(out))
 
     def unroll(self, feats: torch.Tensor, tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """Pre-norm outputs [B, T - k - 1, H] of draft steps ``k = 0..steps-1`` (training-time test, see module doc).

@@ -26,7 +26,7 @@ import torch
 from ..models import check_eagle3_config
 from .eagle3 import Eagle3Head, head_from_files, read_head_files
 from .kv import PrefillResult, SeqState
-from .lm import GenRequest
+from .lm import GenRequest, use_fast_linears
 
 __all__ = ["Eagle3Draft"]
 
@@ -41,7 +41,8 @@ class Eagle3Draft:
     needs_target_features = True
 
     def __init__(self, head: Eagle3Head, aux_layers: list[int], vocab_size: int) -> None:
-        self.head = head.eval().requires_grad_(False)
+        # every linear layer of the head (fc, attention, MLP, lm_head) under the CPU few-row rule, as the target's
+        self.head = use_fast_linears(head.eval().requires_grad_(False))
         self.model = head
         self.aux_layers = list(aux_layers)
         self.vocab_size = vocab_size

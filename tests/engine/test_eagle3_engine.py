@@ -134,3 +134,13 @@ def test_mismatched_heads_are_refused():
         check_eagle3_config(good, cfg, torch.tensor([0, 4, VOCAB]))
     with pytest.raises(ValueError, match="vocab_size"):
         check_eagle3_config({**good, "vocab_size": 10}, cfg)
+
+
+def test_the_head_drafts_with_the_cpu_linear_rule(setup):
+    """Every linear layer of the head the engine drafts with (fc, attention, MLP, lm_head) follows core/linear.py, as
+    the target's do."""
+    from sage_plugin.engines.lm import RowsLinear
+
+    _, _, head = setup
+    linears = [m for m in head.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 9 and all(type(m) is RowsLinear for m in linears)

@@ -203,27 +203,38 @@ def verify_uses_greedy(original: Callable[..., Any], **kwargs: Any) -> bool:
     return original(**kwargs)
 
 
+def _cpu_float32_weight(layer: Any, x: Any) -> Any:
+    """``layer.weight`` when ``x`` and it are float32 CPU tensors and the layer is not AMX-packed (the case whose
+    product upstream leaves to ``F.linear``), else None."""
+    import torch
+
+    weight = getattr(layer, "weight", None)
+    if (
+        isinstance(weight, torch.Tensor)
+        and x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and not getattr(layer, "use_intel_amx_backend", False)
+    ):
+        return weight
+    return None
+
+
 def compute_lm_head(
     original: Callable[..., Any], self: Any, hidden_states: Any, lm_head: Any, embedding_bias: Any = None, **kwargs: Any
 ) -> Any:
     """AROUND ``LogitsProcessor._compute_lm_head(self, hidden_states, lm_head, embedding_bias=None, *, out=None)``.
 
-    The CPU float32 plain head takes :func:`~sage_plugin.core.linear.linear` (``out`` is a CUDA-only buffer
-    upstream: its CPU branch never writes it).
+    The CPU float32 plain head (no bias, LoRA, quantization method or RL on-policy cast) takes
+    :func:`~sage_plugin.core.linear.linear` (``out`` is a CUDA-only buffer upstream: its CPU branch never writes it).
     """
-    import torch
-
     from ...core.linear import linear
 
-    weight = getattr(lm_head, "weight", None)
+    weight = _cpu_float32_weight(lm_head, hidden_states)
     quant = getattr(lm_head, "quant_method", None)
     if (
-        isinstance(weight, torch.Tensor)
-        and hidden_states.device.type == "cpu"
-        and hidden_states.dtype == weight.dtype == torch.float32
+        weight is not None
         and embedding_bias is None
         and (quant is None or type(quant).__name__ == "UnquantizedEmbeddingMethod")
-        and not getattr(lm_head, "use_intel_amx_backend", False)
         and not hasattr(lm_head, "set_lora")
         and getattr(self, "rl_on_policy_target", None) is None
     ):
@@ -234,19 +245,10 @@ def compute_lm_head(
 def unquantized_linear(original: Callable[..., Any], self: Any, layer: Any, x: Any, bias: Any = None) -> Any:
     """AROUND ``UnquantizedLinearMethod.apply(self, layer, x, bias=None)``: a CPU float32 layer that is not
     AMX-packed takes :func:`~sage_plugin.core.linear.linear` (upstream's CPU branch is ``F.linear``)."""
-    import torch
-
     from ...core.linear import linear
 
-    weight = getattr(layer, "weight", None)
-    if (
-        isinstance(weight, torch.Tensor)
-        and x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
-        and not getattr(layer, "use_intel_amx_backend", False)
-    ):
-        return linear(x, weight, bias)
-    return original(self, layer, x, bias)
+    weight = _cpu_float32_weight(layer, x)
+    return original(self, layer, x, bias) if weight is None else linear(x, weight, bias)
 
 
 def _sage_draft_worker(scheduler: Any) -> Any:
