@@ -123,6 +123,8 @@ def _serving_parser(sub) -> None:
     p.add_argument("--batch-sizes", default="1,8", help="comma list of concurrent requests per batch")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3, help="batches per batch size (server order alternates)")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured batches per batch size on every server first "
+                   "(one-off costs at a new size: first kernels, SAGE's tier measurements there)")  # fmt: skip
     p.add_argument("--num-prompts", type=int, default=16, help="prompts to draw batches from")
     p.add_argument("--libcuda-dir", default=".sglang-libcuda", help="where tools/setup_sglang.sh unpacked libcuda")
     p.add_argument("--log-dir", default="out/bench-serving", help="server logs")
@@ -181,7 +183,7 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
         log_dir=Path(args.log_dir), batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, requests=serving_requests(prompts, target),
         methods=methods, eagle3=eagle3.resolve() if eagle3 else None, eagle3_config=Path(args.eagle3_config).resolve(),
-        urls=urls,
+        urls=urls, warmup=args.warmup,
     )  # fmt: skip
     report["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
     report["prompts"] = args.prompts or args.datasets

@@ -194,8 +194,16 @@ def _percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
+def _round_mean(summaries: list[dict[str, float]], key: str) -> float | None:
+    """Mean of a per-request SAGE summary field over the drafted rounds of all requests (a request served at the
+    speculation-off tier only has no drafted round and no such field); None without any round."""
+    drafted = [s for s in summaries if s.get("rounds", 0) > 0]
+    rounds = sum(s["rounds"] for s in drafted)
+    return sum(s[key] * s["rounds"] for s in drafted) / rounds if rounds else None
+
+
 def _row(method: str, bs: int, side: _Side, plain: _Side, same: bool, repeats: int) -> dict[str, Any]:
-    mean = lambda key: statistics.fmean(x[key] for x in side.sage) if side.sage else None  # noqa: E731
+    mean = lambda key: _round_mean(side.sage, key)  # noqa: E731
     tok_s = side.tokens / side.seconds
     return {
         "method": method, "batch_size": bs, "tok_s": tok_s, "speedup": tok_s / (plain.tokens / plain.seconds),
@@ -209,9 +217,15 @@ def _row(method: str, bs: int, side: _Side, plain: _Side, same: bool, repeats: i
 def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str, str], log_dir: Path,
                       batch_sizes: list[int], max_new_tokens: int, repeats: int, requests: list[dict[str, Any]],
                       methods: list[str] = ("plain", "sage"), eagle3: Path | None = None,
-                      eagle3_config: Path | None = None, urls: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+                      eagle3_config: Path | None = None, urls: dict[str, str] | None = None,
+                      warmup: int = 1) -> dict[str, Any]:  # fmt: skip
     """Launch one server per method (all at once; a method in ``urls`` is that running server instead), measure
     every batch size ``repeats`` times, stop the servers it launched.
+
+    Before the measured batches of each batch size every server serves ``warmup`` unmeasured batches of that size
+    (the first measured batch's requests): one-off costs at a new size (first kernels of a shape, SAGE's start-up
+    tier measurements there, which a graph-capturing runtime makes at launch) stay out of the figures of a run
+    that is short next to a server's life.
 
     The same batch goes to every server in turn; the order rotates per repeat so machine noise hits all alike.
     ``requests`` are ``/generate`` payloads without sampling parameters (:func:`serving_requests`); ``methods``
@@ -241,6 +255,9 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
         for bs in batch_sizes:
             sides = {m: _Side() for m in methods}
             same = dict.fromkeys(methods, True)
+            for _ in range(warmup):
+                for m in methods:
+                    _run_batch(servers[m], [requests[i % len(requests)] for i in range(bs)], max_new_tokens, _Side())
             for r in range(repeats):
                 batch = [requests[(r * bs + i) % len(requests)] for i in range(bs)]
                 order = methods[r % len(methods) :] + methods[: r % len(methods)]
@@ -258,7 +275,7 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
             server.stop()
     return {"rows": rows, "algorithms": info, "methods": list(methods), "config": str(config), "target": str(target),
             "draft": str(draft), "eagle3_head": None if eagle3 is None else str(eagle3),
-            "max_new_tokens": max_new_tokens, "sage_state": sage_state, "urls": dict(urls)}  # fmt: skip
+            "max_new_tokens": max_new_tokens, "warmup": warmup, "sage_state": sage_state, "urls": dict(urls)}  # fmt: skip
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -227,11 +227,24 @@ def test_bench_serving_runs_against_running_servers(tmp_path, monkeypatch):
     assert rows[("sage", 2)]["accept_length"] == 2.5 and rows[("plain", 1)]["accept_length"] is None
     assert rows[("plain", 2)]["speedup"] == 1.0 and rows[("sage", 1)]["requests"] == 2
     assert report["urls"] == urls and report["sage_state"] == {"sage": None}
-    # every server got the warm-up (2 requests of 8 tokens) and the same batches: 2 x 1 + 2 x 2 requests
+    # every server got the warm-up (2 requests of 8 tokens), then at each batch size one unmeasured batch of that
+    # size (the first measured batch's requests) and the same measured batches: 2 x 1 + 2 x 2 requests
+    assert report["warmup"] == 1
     for fake in (plain, same, other):
         sizes = [r["sampling_params"]["max_new_tokens"] for r in fake.requests]
-        assert sizes.count(8) == 2 and sizes.count(4) == 6
+        assert sizes.count(8) == 2 and sizes.count(4) == 1 + 2 + 6
+        assert [r["text"] for r in fake.requests[2:4]] == ["aaa", "aaa"]  # batch size 1: warm-up, then repeat 0
         assert sorted(r["text"] for r in fake.requests[2:]) == sorted(r["text"] for r in plain.requests[2:])
+
+
+def test_sage_means_weigh_drafted_rounds_and_skip_off_only_requests():
+    """A request served at the speculation-off tier only carries no alpha/D/W; the means are over drafted rounds."""
+    from sage_plugin.bench.serving import _round_mean
+
+    summaries = [{"rounds": 3, "off_steps": 1, "mean_alpha": 0.2}, {"rounds": 0, "off_steps": 9},
+                 {"rounds": 1, "off_steps": 0, "mean_alpha": 0.6}]  # fmt: skip
+    assert _round_mean(summaries, "mean_alpha") == pytest.approx((3 * 0.2 + 0.6) / 4)
+    assert _round_mean([{"rounds": 0, "off_steps": 4}], "mean_alpha") is None and _round_mean([], "mean_alpha") is None
 
 
 def test_a_url_that_does_not_answer_is_one_clear_error(tmp_path):
