@@ -309,7 +309,7 @@ def test_sglang_engine_config_through_sglangs_own_config_parser():
     assert args.speculative_algorithm.upper() == "SAGE" and args.device == "cpu"
     cfg = sage_config_of(args)
     assert (cfg.k, cfg.d_max, cfg.d_cap, cfg.n_max, cfg.first_round_static) == (4, 4, 6, 11, False)
-    assert cfg.tiers == ((0, 1), (3, 5), (4, 8), (6, 11))  # a YAML list of lists reaches the config
+    assert cfg.tiers == ((0, 1), (1, 2), (3, 4))  # a YAML list of lists reaches the config
 
 
 # -- the draft checkpoint picks the variant ----------------------------------------------------------
