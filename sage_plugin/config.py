@@ -140,6 +140,9 @@ class SageConfig:
     # a tier is measured at a new batch size only if its rate could still beat the best measured there, its cost
     # bounded below from a smaller size less this fraction (1: every tier measured at every batch size)
     tier_bound_slack: float = 0.1
+    # how a tier's expected tokens are estimated: pooled (one per-level acceptance model shared by every tier, per
+    # alpha bin) or per_tier (each tier's own moving averages)
+    tier_acceptance: str = "pooled"
     theta0: float = 0.1  # theta_l = theta0 * l / D
     alpha_init: float = 0.5
     first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)
@@ -200,6 +203,7 @@ class SageConfig:
         _int_in("tier_probe_backoff", self.tier_probe_backoff, 1, 1024)
         _int_in("tier_alpha_bins", self.tier_alpha_bins, 0, 64)
         _float_in("tier_bound_slack", self.tier_bound_slack, 0.0, 1.0)
+        _choice("tier_acceptance", self.tier_acceptance, ("pooled", "per_tier"))
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
         if (self.rerank_nodes or self.rerank_pool != "kept") and self.topology == "planned":
             raise ConfigError(

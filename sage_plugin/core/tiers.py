@@ -28,6 +28,20 @@ them: the SGLang adapter refuses tiers with ``--tp-size`` > 1.  The inputs:
   overall average until the bin has a sample): a confident draft turns a deep tier on, an unsure one turns
   speculation off, step by step, as SAGE's alpha sizes its trees.
 
+How the expected tokens are estimated (``acceptance``):
+
+* ``"per_tier"``: each tier's own moving averages (above);
+* ``"pooled"``: one model shared by every tier, the chance that a request's accepted path goes one level deeper,
+  per level ``j`` and alpha bin: ``h_j = P(accepted >= j | accepted >= j - 1)``, counted from every request of every
+  step at any tier at least ``j`` deep (a step at ``s`` steps that accepted ``a`` drafts reached levels
+  ``1 .. min(a + 1, s)`` and passed levels ``1 .. a``), counts decaying by ``1 - 1 / memory`` per step so they
+  follow the traffic, with a prior of half a pass in one reach.  A tier of ``s`` steps expects
+  ``1 + sum_{j <= s} prod_{i <= j} h_i`` tokens.  A step at a shallow tier then informs the deep ones (the ``[1, 2]``
+  tier's steps tell how often level 1 is accepted) and a deep tier's rare probes need not carry its whole estimate:
+  replaying logged SGLang steps at batch 1 (``docs/sglang.md``, "The shipped tiers") the pooled model came within
+  2% of a chooser that knew the acceptance table in advance, the per-tier averages within 7%.  It assumes a level
+  is about as likely accepted whatever tier drafted it (tiers differ in how many siblings they verify).
+
 The choice maximises ``expected tokens / cost``.  A tier never measured at a batch size is tried first there (the
 runtime's start-up measurement, amortised over the first steps at each batch size), cheapest first, and only while
 it could still win there: its cost at the nearest smaller measured batch size, grown as the smallest tier's cost
@@ -95,6 +109,9 @@ class TierChooser:
         bound_slack: a tier is measured at a new batch size only if its rate there, with its step cost bounded below
             (:meth:`cost_bound`, less this fraction), could beat the best rate measured there (1: every tier is
             measured at every batch size).
+        acceptance: ``"per_tier"`` (each tier's moving averages) or ``"pooled"`` (one per-level model for all tiers;
+            module docstring).
+        memory: with ``"pooled"``, the steps over which its counts decay by a factor ``e``.
     """
 
     def __init__(
@@ -107,9 +124,17 @@ class TierChooser:
         unpriced_first: int = 1,
         alpha_bins: int = 0,
         bound_slack: float = 0.1,
+        acceptance: str = "per_tier",
+        memory: int = 100,
     ) -> None:
         if not tiers:
             raise ValueError("at least one tier")
+        if acceptance not in ("per_tier", "pooled") or memory < 1:
+            raise ValueError("acceptance 'per_tier' or 'pooled', memory >= 1")
+        self.acceptance = acceptance
+        self._decay = 1.0 - 1.0 / memory
+        # pooled: (alpha bin or None for all, level j) -> [requests that reached level j, of those accepted there]
+        self._levels: dict[tuple[int | None, int], list[float]] = {}
         if probe_backoff < 1:
             raise ValueError("probe_backoff >= 1")
         self.tiers = tuple(sorted(set(tiers)))
@@ -146,8 +171,22 @@ class TierChooser:
         """Expected tokens per request per step under ``tier`` when the batch's mean alpha is ``alpha`` (None until
         observed; a bin without a sample falls back to the tier's overall average)."""
         b = self.alpha_bin(alpha)
+        if self.acceptance == "pooled" and not tier.off:
+            return self._pooled(tier, b)
         acc = self._accepted.get(tier) if b is None else self._accepted_bin.get((tier, b), self._accepted.get(tier))
         return None if acc is None else 1.0 + acc
+
+    def _pooled(self, tier: Tier, b: int | None) -> float | None:
+        """``1 + sum_{j <= steps} prod_{i <= j} h_i`` from the level counts of bin ``b`` (a level the bin has not
+        reached: all bins'); None before any request reached level 1."""
+        if (None, 1) not in self._levels:
+            return None
+        expected = survive = 1.0
+        for j in range(1, tier.steps + 1):
+            reached, passed = self._levels.get((b, j)) or self._levels.get((None, j)) or (0.0, 0.0)
+            survive *= (passed + 0.5) / (reached + 1.0)
+            expected += survive
+        return expected
 
     def cost(self, tier: Tier, batch_size: int) -> float | None:
         """Measured seconds per step of ``tier`` at ``batch_size`` (None until measured)."""
@@ -235,10 +274,23 @@ class TierChooser:
         self._lifetime[tier][0] += sum(accepted_drafts)
         self._lifetime[tier][1] += len(accepted_drafts)
         mean = sum(accepted_drafts) / len(accepted_drafts)
+        if self.acceptance == "pooled":
+            self._count_levels(tier, b, accepted_drafts)
         self._accepted[tier] = self._ema(self._accepted.get(tier), mean)
         if b is not None:
             self._accepted_bin[(tier, b)] = self._ema(self._accepted_bin.get((tier, b)), mean)
         return tier
+
+    def _count_levels(self, tier: Tier, b: int | None, accepted_drafts: Sequence[int]) -> None:
+        for counts in self._levels.values():
+            counts[0] *= self._decay
+            counts[1] *= self._decay
+        for key in {None, b}:
+            for a in accepted_drafts:
+                for j in range(1, min(a + 1, tier.steps) + 1):
+                    counts = self._levels.setdefault((key, j), [0.0, 0.0])
+                    counts[0] += 1.0
+                    counts[1] += float(a >= j)
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.smoothing * (new - old)
@@ -295,9 +347,11 @@ class TierChooser:
             row: dict[str, float | None] = {"tokens": self.expected_tokens(t), "steps": self.steps_run[t]}
             total, n = self._lifetime[t]
             row["mean_tokens"] = 1.0 if t.off else (round(1.0 + total / n, 3) if n else None)
-            for (tt, b), acc in sorted(self._accepted_bin.items(), key=lambda kv: kv[0][1]):
-                if tt == t:
-                    row[f"tokens@a{b}"] = round(1.0 + acc, 3)
+            for b in range(self.alpha_bins):
+                if self.acceptance == "pooled" and not t.off and (b, 1) in self._levels:
+                    row[f"tokens@a{b}"] = round(self._pooled(t, b), 3)
+                elif (t, b) in self._accepted_bin:
+                    row[f"tokens@a{b}"] = round(1.0 + self._accepted_bin[(t, b)], 3)
             for tt, bs in sorted(self._cost, key=lambda k: k[1]):
                 if tt == t:
                     row[f"ms@{bs}"] = round(1000.0 * self.cost(tt, bs), 2)

@@ -60,6 +60,7 @@ SGLANG_SUPPORT = RuntimeSupport(
         "tier_probe_every": _ALL,
         "tier_probe_backoff": _ALL,
         "tier_bound_slack": _ALL,
+        "tier_acceptance": _ALL,
         "tier_alpha_bins": _ALL,
     },
     not_read={

@@ -228,7 +228,8 @@ class SageWorkerMixin:
             if cfg.tiers:
                 # built by EAGLEWorkerV2.init_cuda_graphs, chosen in forward_batch_generation, as --speculative-adaptive
                 chooser = TierChooser(parse_tiers(cfg.tiers), cfg.tier_probe_every, probe_backoff=cfg.tier_probe_backoff,
-                                      alpha_bins=cfg.tier_alpha_bins, bound_slack=cfg.tier_bound_slack)  # fmt: skip
+                                      alpha_bins=cfg.tier_alpha_bins, bound_slack=cfg.tier_bound_slack,
+                                      acceptance=cfg.tier_acceptance)  # fmt: skip
                 self.sage_tiers = SageTierController(self, chooser)
                 self._sage_alpha = HostScalar(self.device)
                 self.adaptive_controller = self.sage_tiers
