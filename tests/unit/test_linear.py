@@ -33,7 +33,7 @@ def test_linear_equals_f_linear(lead, vocab, hidden, seed, with_bias):
     torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 8, MAX_ROWS, MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 15, 17, MAX_ROWS - 1, MAX_ROWS, MAX_ROWS + 1])
 def test_a_large_head_at_any_row_count_equals_f_linear(rows):
     x = torch.randn(1, rows, BIG_HEAD.shape[1])
     got = linear(x, BIG_HEAD)
@@ -53,6 +53,21 @@ def test_the_weight_major_product_is_taken_at_its_row_counts_only(monkeypatch):
     with pytest.raises(RuntimeError):  # mixed dtypes: F.linear's own error, as without the rule
         linear(torch.randn(3, 64, dtype=torch.float64), w)
     assert calls == [(0, 64), (MAX_ROWS + 1, 64), (3, 64)]
+
+
+def test_rows_above_eight_run_at_the_next_multiple_of_eight(monkeypatch):
+    """The product runs at 2 rows for 1, as given for 2..8 and multiples of 8, else at the next multiple of 8 (zero
+    rows added and cut off again); the result has the caller's rows."""
+    w = torch.randn(10, 64)
+    seen = []
+    real = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: seen.append(b.shape[1]) or real(a, b))
+    want = {1: 2, 2: 2, 7: 7, 8: 8, 9: 16, 15: 16, 16: 16, 17: 24, 40: 40, 41: 48, 63: 64, MAX_ROWS: MAX_ROWS}
+    for rows, runs in want.items():
+        x = torch.randn(rows, 64)
+        out = linear(x, w)
+        assert seen[-1] == runs and out.shape == (rows, 10)
+        torch.testing.assert_close(out, F.linear(x, w), rtol=1e-5, atol=1e-4)
 
 
 def test_engine_linears_keep_the_tied_weight_the_state_dict_and_the_logits():
