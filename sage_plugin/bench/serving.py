@@ -189,6 +189,11 @@ def _run_batch(server: HttpServer, requests: list[dict], max_new_tokens: int, si
     return [o["output_ids"] for o, _ in results]
 
 
+def _batch(requests: list[dict[str, Any]], bs: int, r: int) -> list[dict[str, Any]]:
+    """Repeat ``r``'s batch of ``bs`` requests: the next ``bs`` of ``requests``, wrapping around."""
+    return [requests[(r * bs + i) % len(requests)] for i in range(bs)]
+
+
 def _percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
@@ -257,9 +262,9 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
             same = dict.fromkeys(methods, True)
             for _ in range(warmup):
                 for m in methods:
-                    _run_batch(servers[m], [requests[i % len(requests)] for i in range(bs)], max_new_tokens, _Side())
+                    _run_batch(servers[m], _batch(requests, bs, 0), max_new_tokens, _Side())
             for r in range(repeats):
-                batch = [requests[(r * bs + i) % len(requests)] for i in range(bs)]
+                batch = _batch(requests, bs, r)
                 order = methods[r % len(methods) :] + methods[: r % len(methods)]
                 outs = {m: _run_batch(servers[m], batch, max_new_tokens, sides[m]) for m in order}
                 for m in methods:

@@ -169,7 +169,8 @@ class TierChooser:
 
     def expected_tokens(self, tier: Tier, alpha: float | None = None) -> float | None:
         """Expected tokens per request per step under ``tier`` when the batch's mean alpha is ``alpha`` (None until
-        observed; a bin without a sample falls back to the tier's overall average)."""
+        observed; per_tier: a bin without a sample falls back to the tier's overall average; pooled: :meth:`_pooled`;
+        the off tier: 1)."""
         b = self.alpha_bin(alpha)
         if self.acceptance == "pooled" and not tier.off:
             return self._pooled(tier, b)
@@ -273,9 +274,10 @@ class TierChooser:
             return tier
         self._lifetime[tier][0] += sum(accepted_drafts)
         self._lifetime[tier][1] += len(accepted_drafts)
-        mean = sum(accepted_drafts) / len(accepted_drafts)
         if self.acceptance == "pooled":
             self._count_levels(tier, b, accepted_drafts)
+            return tier
+        mean = sum(accepted_drafts) / len(accepted_drafts)
         self._accepted[tier] = self._ema(self._accepted.get(tier), mean)
         if b is not None:
             self._accepted_bin[(tier, b)] = self._ema(self._accepted_bin.get((tier, b)), mean)
@@ -348,10 +350,9 @@ class TierChooser:
             total, n = self._lifetime[t]
             row["mean_tokens"] = 1.0 if t.off else (round(1.0 + total / n, 3) if n else None)
             for b in range(self.alpha_bins):
-                if self.acceptance == "pooled" and not t.off and (b, 1) in self._levels:
-                    row[f"tokens@a{b}"] = round(self._pooled(t, b), 3)
-                elif (t, b) in self._accepted_bin:
-                    row[f"tokens@a{b}"] = round(1.0 + self._accepted_bin[(t, b)], 3)
+                pooled = self.acceptance == "pooled"
+                if not t.off and ((b, 1) in self._levels if pooled else (t, b) in self._accepted_bin):
+                    row[f"tokens@a{b}"] = round(self.expected_tokens(t, (b + 0.5) / self.alpha_bins), 3)
             for tt, bs in sorted(self._cost, key=lambda k: k[1]):
                 if tt == t:
                     row[f"ms@{bs}"] = round(1000.0 * self.cost(tt, bs), 2)
