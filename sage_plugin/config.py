@@ -143,6 +143,9 @@ class SageConfig:
     # how a tier's expected tokens are estimated: pooled (one per-level acceptance model shared by every tier, per
     # alpha bin) or per_tier (each tier's own moving averages)
     tier_acceptance: str = "pooled"
+    # steps the off tier may leave a standalone draft behind on CPU instead of running its draft extend; the draft
+    # catches up in one forward before the next drafted step (0: every off step runs the extend)
+    tier_off_lag: int = 16
     theta0: float = 0.1  # theta_l = theta0 * l / D
     alpha_init: float = 0.5
     first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)
@@ -204,6 +207,7 @@ class SageConfig:
         _int_in("tier_alpha_bins", self.tier_alpha_bins, 0, 64)
         _float_in("tier_bound_slack", self.tier_bound_slack, 0.0, 1.0)
         _choice("tier_acceptance", self.tier_acceptance, ("pooled", "per_tier"))
+        _int_in("tier_off_lag", self.tier_off_lag, 0, 1024)
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
         if (self.rerank_nodes or self.rerank_pool != "kept") and self.topology == "planned":
             raise ConfigError(

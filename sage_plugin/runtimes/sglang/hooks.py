@@ -148,6 +148,9 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
     if tiers is not None:  # --sage-tiers: per tier its steps run, expected tokens and measured cost
         section["tiers"] = tiers.chooser.summary()
         section["tier_switches"] = tiers.switches
+    lag = getattr(draft, "sage_lag", None)
+    if lag is not None:  # --sage-tier-off-lag: off steps that skipped the draft extend, and the catch-ups (lag.py)
+        section["off_lag"] = {"skipped_extends": lag.skipped, "catch_ups": lag.catch_ups}
     state["sage"] = section
 
 

@@ -43,6 +43,7 @@ from sage_plugin.models import draft_head_ids
 
 from .args import sage_config_of
 from .hooks import ACTIVE_SELECTION
+from .lag import DraftLag
 from .meta import SageRoundDevice
 from .selection import BeamSelection
 from .tiers import HostScalar, SageTierController, StepClock, TierSwitchLogFilter
@@ -73,6 +74,7 @@ class SageDraftMixin(EagleDraftWorkerBase):
         self._stats = None
         self._stats_host = None
         self.sage_round: torch.Tensor | None = None
+        self.sage_lag: DraftLag | None = None
 
     def _ensure_sage_state(self) -> None:
         if self.sage_slots is not None:
@@ -83,12 +85,23 @@ class SageDraftMixin(EagleDraftWorkerBase):
         self._stats = torch.zeros(len(STAT_FIELDS), dtype=torch.float64, device=self.device)
         pin = torch.device(self.device).type == "cuda"
         self._stats_host = torch.zeros(len(STAT_FIELDS), dtype=torch.float64, pin_memory=pin)
+        tiers = parse_tiers(self.sage_cfg.tiers) if self.sage_cfg.tiers else ()
+        cpu = torch.device(self.device).type == "cpu"  # on CUDA the off tier's extend is a captured graph
+        if self.sage_cfg.tier_off_lag and self.sage_lags_ok and cpu and any(t.steps == 0 for t in tiers):
+            widest = max(t.draft_tokens for t in tiers)
+            self.sage_lag = DraftLag(self.sage_cfg.tier_off_lag, slots, widest, self.device)
+
+    #: whether the off tier may skip this draft's extend (lag.py: a standalone draft reads no target hidden states)
+    sage_lags_ok = False
 
     def draft(self, batch: Any, *, with_topology: bool = False):
         spec = batch.spec_info
         if batch.forward_mode.is_idle() or getattr(spec, "topk_p", None) is None or spec.topk_p.shape[0] == 0:
             return super().draft(batch, with_topology=with_topology)
         self._ensure_sage_state()
+        if self.sage_lag is not None and self.sage_lag.behind():  # off steps skipped the extend: replay them first
+            fresh = self.sage_lag.catch_up(self, batch, batch.seq_lens_cpu.tolist(), spec.bonus_tokens)
+            spec.topk_p, spec.topk_index, spec.hidden_states = fresh.topk_p, fresh.topk_index, fresh.hidden_states
         bs = spec.topk_p.shape[0]
         shape = self.sage_slots.plan(batch.req_pool_indices, spec.topk_p)
         sel = self.sage_selection
@@ -123,7 +136,34 @@ class SageDraftMixin(EagleDraftWorkerBase):
         if mm and any(x is not None for x in mm) and batch.input_ids is not None:
             vocab = self.draft_runner.model_config.vocab_size
             batch.input_ids = batch.input_ids.clamp(max=vocab - 1)
+        self._ensure_sage_state()
+        if self.sage_lag is not None and not batch.forward_mode.is_idle():
+            self.sage_lag.record_prefill(batch, args[1] if len(args) > 1 else kwargs["next_token_ids"])
         return super()._draft_extend_for_prefill(batch, *args, **kwargs)
+
+    def sage_upstream_prefill_extend(self, batch: Any, hidden: Any, next_token_ids: torch.Tensor):
+        """SGLang's draft prefill extend itself (the catch-up of lag.py runs through it)."""
+        return super()._draft_extend_for_prefill(batch, hidden, next_token_ids)
+
+    def _draft_extend_for_decode(self, batch: Any, batch_result: Any, *args: Any, **kwargs: Any):
+        """After a verify: the step's tokens into the token ring; at the off tier the extend is skipped (``lag.py``)
+        until a request is ``tier_off_lag`` tokens behind, when the catch-up runs in its place."""
+        lag = self.sage_lag
+        if lag is None or batch.forward_mode.is_idle():
+            return super()._draft_extend_for_decode(batch, batch_result, *args, **kwargs)
+        lag.record_step(batch, batch_result.next_token_ids, self.speculative_num_draft_tokens)
+        if self.speculative_num_steps > 0:
+            return super()._draft_extend_for_decode(batch, batch_result, *args, **kwargs)
+        nxt = batch_result.next_draft_input
+        if lag.skip(batch.reqs) < lag.max_lag:
+            bs = batch.seq_lens.shape[0]  # what the next step reads of it: bonus_tokens (verify) and these shapes
+            nxt.topk_p = torch.zeros(bs, self.topk, dtype=torch.float32, device=self.device)
+            nxt.topk_index = torch.zeros(bs, self.topk, dtype=torch.int64, device=self.device)
+            return None
+        seq = [s + 1 for s in batch.seq_lens_cpu.tolist()]  # an off step accepts the root alone
+        fresh = lag.catch_up(self, batch, seq, batch_result.next_token_ids)
+        nxt.topk_p, nxt.topk_index, nxt.hidden_states = fresh.topk_p, fresh.topk_index, fresh.hidden_states
+        return None
 
     def _capture_cuda_graphs(self):
         # every captured draft step (start-up and each tier's, built by build_adaptive_runtime_state) must contain
@@ -185,6 +225,7 @@ class SageDraftWorker(SageDraftMixin, StandaloneDraftWorker):
     """
 
     __slots__ = ()
+    sage_lags_ok = True
 
     def init_token_map(self) -> None:
         """SGLang's (``--speculative-token-map``), else the draft's own head ids (SGLang calls this when it allocates
@@ -289,6 +330,9 @@ class SageWorkerMixin:
         extend's ``topk_p``), as last read on the host (:class:`HostScalar`: at once on CPU, a step or more late on
         CUDA); the tier chooser's confidence."""
         topk_p = getattr(batch.spec_info, "topk_p", None)
+        lag = getattr(self._draft_worker, "sage_lag", None)
+        if lag is not None and lag.behind():  # the draft skipped its extends: no root distribution to read
+            topk_p = None
         if topk_p is not None and topk_p.dim() == 2 and topk_p.shape[0] > 0:
             self._sage_alpha.push(root_confidence(topk_p, self.sage_cfg.k).mean())
         return self._sage_alpha.latest()

@@ -45,6 +45,7 @@ _TIERS = {
     "tier_probe_backoff": "no tiers",
     "tier_bound_slack": "no tiers",
     "tier_acceptance": "no tiers",
+    "tier_off_lag": "no tiers",
     "tier_alpha_bins": "no tiers",
 }
 
