@@ -144,8 +144,9 @@ class SageConfig:
     # alpha bin) or per_tier (each tier's own moving averages)
     tier_acceptance: str = "pooled"
     # steps the off tier may leave a standalone draft behind on CPU instead of running its draft extend; the draft
-    # catches up in one forward before the next drafted step (0: every off step runs the extend)
-    tier_off_lag: int = 16
+    # catches up in one forward before the next drafted step (0: every off step runs the extend; docs/sglang.md,
+    # "Speculation off without the draft extend", measures both: no net gain on the 2-core CPU yet)
+    tier_off_lag: int = 0
     theta0: float = 0.1  # theta_l = theta0 * l / D
     alpha_init: float = 0.5
     first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)

@@ -1,14 +1,15 @@
-"""Speculation-off steps without the draft extend, and the catch-up that replays them (``off_draft_lag``).
+"""Speculation-off steps without the draft extend, and the catch-up that replays them (``tier_off_lag``).
 
 At the off tier (``--sage-tiers`` ``[0, 1]``) SGLang's EAGLE v2 worker verifies the root alone and still runs the
 draft extend over the new token, to keep the draft's KV cache current for when drafting resumes.  On the 2-core CPU
 that extend is most of what the off tier costs beyond a plain decode step (batch 16: 9 of 98 ms a step against plain's
-88; docs/sglang.md, "Speculation off without the draft extend").  With ``off_draft_lag = L > 0`` a standalone draft
+88; docs/sglang.md, "Speculation off without the draft extend").  With ``tier_off_lag = L > 0`` a standalone draft
 skips it: the off step leaves the draft ``lag`` tokens behind, and before the next drafted step (or once a request is
 ``L`` tokens behind) one draft forward in EXTEND mode (a chunked-prefill continuation, through SGLang's own
 ``_draft_extend_for_prefill``) replays every request's missing tokens at their positions and KV slots.  Outputs do not
-change (verification decides them); the draft's KV and root distribution after the catch-up equal those of the
-eager extends up to float rounding (``tests/integration/sglang/test_lag.py``).
+change (verification decides them); the catch-up writes the same tokens at the same positions and KV slots as the
+skipped extends would have (``tests/integration/sglang/test_lag.py`` checks what it hands upstream against a naive
+token history; the served check is ``test_e2e_serving.py::test_tiers_cycle_and_equal_plain``).
 
 Which token the draft reads where: SGLang's draft runs one token ahead (its prefill reads ``prompt[1:] + [next]``;
 the decode extend writes position ``p`` from the token at ``p + 1``), so :class:`TokenRing` keeps the *sequence's*

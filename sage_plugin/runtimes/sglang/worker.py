@@ -328,11 +328,13 @@ class SageWorkerMixin:
     def _batch_alpha(self, batch: Any) -> float | None:
         """The batch's mean SAGE alpha from the draft's top probabilities at each request's root (the last draft
         extend's ``topk_p``), as last read on the host (:class:`HostScalar`: at once on CPU, a step or more late on
-        CUDA); the tier chooser's confidence."""
+        CUDA); the tier chooser's confidence.  None while the draft is behind (off steps skipped its extends,
+        ``lag.py``): the last alpha is the one that turned speculation off, and holding it would keep it off; unknown,
+        the chooser ranks the tiers by their estimates over every alpha."""
         topk_p = getattr(batch.spec_info, "topk_p", None)
         lag = getattr(self._draft_worker, "sage_lag", None)
-        if lag is not None and lag.behind():  # the draft skipped its extends: no root distribution to read
-            topk_p = None
+        if lag is not None and lag.behind():  # no root distribution to read
+            return None
         if topk_p is not None and topk_p.dim() == 2 and topk_p.shape[0] > 0:
             self._sage_alpha.push(root_confidence(topk_p, self.sage_cfg.k).mean())
         return self._sage_alpha.latest()

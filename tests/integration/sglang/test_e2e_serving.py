@@ -198,7 +198,7 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
     tiers = [[0, 1], [1, 2], [3, 5], [6, 11]]
     server = Server(["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
                      "--speculative-draft-model-path", str(_draft_dir(target_dir)),
-                     "--sage-tiers", str(tiers), "--sage-tier-probe-every", "2"],
+                     "--sage-tiers", str(tiers), "--sage-tier-probe-every", "2", "--sage-tier-off-lag", "8"],
                     launch_env, tmp_path / "tiers.log")  # fmt: skip
     try:
         server.post("/flush_cache", {})

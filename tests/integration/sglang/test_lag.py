@@ -117,3 +117,24 @@ def test_catch_up_replays_each_requests_skipped_positions(data):
     assert sub.input_ids.tolist() == want_ids and sub.out_cache_loc.tolist() == want_loc
     assert batch.forward_mode == ForwardMode.DECODE  # the step's own batch is untouched
     assert not lag.behind() and lag.catch_ups == 1
+
+
+def test_the_chooser_sees_no_alpha_while_the_draft_is_behind():
+    """The alpha that turned speculation off must not keep it off: while the draft is behind it is unknown (None),
+    and the chooser ranks tiers by their estimates over every alpha; a caught-up draft's root gives it again."""
+    from sage_plugin.config import SageConfig
+    from sage_plugin.core.entropy import root_confidence
+    from sage_plugin.runtimes.sglang.tiers import HostScalar
+    from sage_plugin.runtimes.sglang.worker import SageWorkerMixin
+
+    lag = DraftLag(4, 4, 2, "cpu")
+    worker = types.SimpleNamespace(_draft_worker=types.SimpleNamespace(sage_lag=lag), _sage_alpha=HostScalar("cpu"),
+                                   sage_cfg=SageConfig())  # fmt: skip
+    topk_p = torch.tensor([[0.9, 0.05, 0.03, 0.02], [0.4, 0.3, 0.2, 0.1]])
+    batch = types.SimpleNamespace(spec_info=types.SimpleNamespace(topk_p=topk_p))
+    want = float(root_confidence(topk_p, SageConfig().k).mean())
+    assert SageWorkerMixin._batch_alpha(worker, batch) == pytest.approx(want)
+    lag.skip([_Req("a")])
+    assert SageWorkerMixin._batch_alpha(worker, batch) is None
+    lag.lags = {}  # caught up
+    assert SageWorkerMixin._batch_alpha(worker, batch) == pytest.approx(want)
