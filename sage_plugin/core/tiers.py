@@ -345,12 +345,12 @@ class TierChooser:
         ``tokens@aB``), ``mean_tokens`` (tokens per request averaged over every request the tier ever served, None
         before any; the off tier: 1.0) and the measured cost (ms) at each batch size seen."""
         out: dict[str, dict[str, float | None]] = {}
+        pooled = self.acceptance == "pooled"
         for t in self.tiers:
             row: dict[str, float | None] = {"tokens": self.expected_tokens(t), "steps": self.steps_run[t]}
             total, n = self._lifetime[t]
             row["mean_tokens"] = 1.0 if t.off else (round(1.0 + total / n, 3) if n else None)
             for b in range(self.alpha_bins):
-                pooled = self.acceptance == "pooled"
                 if not t.off and ((b, 1) in self._levels if pooled else (t, b) in self._accepted_bin):
                     row[f"tokens@a{b}"] = round(self.expected_tokens(t, (b + 0.5) / self.alpha_bins), 3)
             for tt, bs in sorted(self._cost, key=lambda k: k[1]):
