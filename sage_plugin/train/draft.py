@@ -145,6 +145,13 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     g.add_argument("--gen-max-new-tokens", type=int, default=256, help="answer length cap (default %(default)s)")
     g.add_argument("--gen-batch", type=int, default=None, help="generation batch (auto: 256 CUDA, 16 CPU)")
+    g.add_argument(
+        "--gen-url",
+        default=None,
+        help="answers from an SGLang server already serving the target (http://HOST:PORT; continuous batching:"
+        " ~2.2x in-process generation on a 2-core CPU)",
+    )
+    g.add_argument("--gen-concurrency", type=int, default=64, help="--gen-url requests in flight (default %(default)s)")
     g.add_argument("--topk", type=int, default=8, help="target top-k ids/log-probs stored per position")
     g.add_argument("--label-batch", type=int, default=None, help="windows per target forward (auto: 64 / 4)")
     g.add_argument(

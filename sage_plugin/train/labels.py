@@ -25,6 +25,7 @@ from sage_plugin.engines.lm import load_causal_lm
 
 from .common import atomic_save, progress_bar
 from .data import chat_prompts, text_documents
+from .server_gen import check_server, server_generations
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ __all__ = [
     "greedy_generate",
     "label_windows",
     "chat_generations",
+    "server_prefetch",
     "build_labels",
     "LabelStore",
 ]
@@ -193,19 +195,38 @@ def _label_and_save(
     atomic_save({"input_ids": ids, "topk_ids": torch.cat(tops), "topk_logprobs": torch.cat(lps), "meta": meta}, path)
 
 
+def _chat_ids(tokenizer, msgs: list[str]) -> list[list[int]]:
+    return [
+        render_chat(tokenizer, Prompt(id=str(i), dataset="train", messages=({"role": "user", "content": m},)))
+        for i, m in enumerate(msgs)
+    ]
+
+
+def _cached_generations(path: Path, msgs: list[str]) -> dict | None:
+    gen = torch.load(path, weights_only=True) if path.is_file() else None
+    return gen if gen is not None and gen.get("prompts") == msgs else None
+
+
+def _save_generations(path: Path, msgs: list[str], ids: list[list[int]], conts: list[list[int]]) -> dict:
+    gen = {
+        "prompts": msgs,
+        "sequences": [torch.tensor(p + c, dtype=torch.int32) for p, c in zip(ids, conts, strict=True)],
+    }
+    atomic_save(gen, path)
+    return gen
+
+
 def chat_generations(target: _LazyTarget, tokenizer, msgs: list[str], path: Path, args, stats: _Throughput) -> dict:
     """The target's greedy answers to one shard of chat prompts, cached at ``path`` (``gen/gen_K.pt``).
 
     Returns ``{"prompts": msgs, "sequences": [int32 prompt+answer ids]}``; a cached shard is reused only if it holds
-    exactly ``msgs``.  Uses ``args.gen_max_new_tokens`` and ``args.gen_batch``.
+    exactly ``msgs``.  Uses ``args.gen_max_new_tokens`` and ``args.gen_batch`` (``args.gen_url``: the shards were
+    answered by :func:`server_prefetch` first, so only a shard it could not write is generated here).
     """
-    gen = torch.load(path, weights_only=True) if path.is_file() else None
-    if gen is not None and gen.get("prompts") == msgs:
+    gen = _cached_generations(path, msgs)
+    if gen is not None:
         return gen
-    ids = [
-        render_chat(tokenizer, Prompt(id=str(i), dataset="train", messages=({"role": "user", "content": m},)))
-        for i, m in enumerate(msgs)
-    ]
+    ids = _chat_ids(tokenizer, msgs)
     pad, eos = pad_and_eos(tokenizer)
     t0 = time.time()
     conts = greedy_generate(
@@ -218,12 +239,31 @@ def chat_generations(target: _LazyTarget, tokenizer, msgs: list[str], path: Path
         device=target.device,
     )
     stats.add(sum(len(c) for c in conts), time.time() - t0)
-    gen = {
-        "prompts": msgs,
-        "sequences": [torch.tensor(p + c, dtype=torch.int32) for p, c in zip(ids, conts, strict=True)],
-    }
-    atomic_save(gen, path)
-    return gen
+    return _save_generations(path, msgs, ids, conts)
+
+
+def server_prefetch(tokenizer, shards: list[tuple[list[str], Path]], args, target_dir: Path) -> None:
+    """With ``args.gen_url``: every shard ``(msgs, path)`` not yet cached is answered by that SGLang server
+    (:mod:`.server_gen`, ``args.gen_concurrency`` requests in flight) and saved as :func:`chat_generations` would."""
+    if not getattr(args, "gen_url", None):
+        return
+    todo = [(msgs, path) for msgs, path in shards if _cached_generations(path, msgs) is None]
+    if not todo:
+        return
+    check_server(args.gen_url, target_dir)
+    _, eos = pad_and_eos(tokenizer)
+    jobs = []
+    for msgs, path in todo:
+        ids = _chat_ids(tokenizer, msgs)
+        jobs.append((ids, lambda conts, m=msgs, p=path, i=ids: _save_generations(p, m, i, conts)))
+    bar = progress_bar(total=sum(len(m) for m, _ in todo), desc=f"answers from {args.gen_url}", unit="prompt",
+                       disable=args.no_progress)  # fmt: skip
+    t0 = time.time()
+    n = server_generations(args.gen_url, jobs, args.gen_max_new_tokens, [eos] if eos is not None else [],
+                           args.gen_concurrency, bar)  # fmt: skip
+    bar.close()
+    logger.info("%d answer tokens from %s in %.0f s (%.0f tok/s)", n, args.gen_url, time.time() - t0,
+                n / max(time.time() - t0, 1e-9))  # fmt: skip
 
 
 def build_labels(args, tokenizer, target_dir: Path, out: Path, device: torch.device) -> dict:
@@ -274,9 +314,13 @@ def build_labels(args, tokenizer, target_dir: Path, out: Path, device: torch.dev
                 total=sum(w for _, w in todo), desc="chat data (generate+label)", unit="prompt", disable=not progress
             )
             lbar = progress_bar(total=0, disable=True)
+            shard_msgs = {k: prompts[k * GEN_SHARD_PROMPTS : k * GEN_SHARD_PROMPTS + want] for k, want in todo}
+            server_prefetch(tokenizer, [(m, gen_dir / f"gen_{k:05d}.pt") for k, m in shard_msgs.items()], args,
+                            target_dir)  # fmt: skip
             for k, want in todo:
-                msgs = prompts[k * GEN_SHARD_PROMPTS : k * GEN_SHARD_PROMPTS + want]
-                gen = chat_generations(target, tokenizer, msgs, gen_dir / f"gen_{k:05d}.pt", args, stats["gen"])
+                gen = chat_generations(
+                    target, tokenizer, shard_msgs[k], gen_dir / f"gen_{k:05d}.pt", args, stats["gen"]
+                )
                 windows = _cyclic_windows([s.tolist() for s in gen["sequences"]], args.seq_len)
                 _label_and_save(
                     target,

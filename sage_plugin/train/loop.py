@@ -66,6 +66,8 @@ _RUN_ONLY_KEYS = {
     "eval_gen_tokens",
     "max_export_mb",
     "eval_cache",
+    "gen_url",
+    "gen_concurrency",
 }
 
 

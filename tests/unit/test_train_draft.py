@@ -289,3 +289,133 @@ def test_eagle3_refuses_a_gpu_device(tiny_target, tmp_path):
     """The EAGLE-3 trainer runs on CPU only so far: an explicit --device cuda is refused, not silently ignored."""
     with pytest.raises(SystemExit, match="--device cuda: --kind eagle3 trains on CPU only"):
         train_draft(_eagle3_args(tmp_path / "gpu", tiny_target, "--device", "cuda"))
+
+
+class _FakeSGLang:
+    """A stand-in for an SGLang server over ``model``: ``/get_model_info`` and greedy ``/generate`` on ``input_ids``
+    (HF's greedy continuation of ``max_new_tokens``, its last tokens replaced by ``tail``); ``requests`` counts the
+    generate calls."""
+
+    def __init__(self, model, model_path: Path, tail: tuple[int, ...] = ()):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from sage_plugin.train.labels import greedy_generate
+
+        lock, fake = threading.Lock(), self
+        self.requests = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._send({"model_path": str(model_path), "is_generation": True})
+
+            def do_POST(self):
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with lock:
+                    fake.requests += 1
+                    out = greedy_generate(model, [req["input_ids"]], req["sampling_params"]["max_new_tokens"],
+                                          batch_size=1, pad_id=2, eos_id=None, device="cpu")[0]  # fmt: skip
+                out = out[: req["sampling_params"]["max_new_tokens"] - len(tail)] + list(tail)
+                self._send({"output_ids": out, "meta_info": {}})
+
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 256  # 64 clients connect at once (uvicorn's backlog is 2048)
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+
+
+@pytest.fixture()
+def fake_server(tiny_target):
+    from transformers import AutoModelForCausalLM
+
+    server = _FakeSGLang(AutoModelForCausalLM.from_pretrained(str(tiny_target)).eval(), tiny_target)
+    yield server
+    server.close()
+
+
+def test_gen_url_answers_equal_in_process_generation(tiny_target, fake_server, tmp_path, caplog):
+    """``--gen-url``: shards answered by a server (per prompt, concurrently, cut after EOS) are the shards
+    in-process generation writes for the same greedy continuations; cached shards are not asked again."""
+    from transformers import AutoTokenizer
+
+    from sage_plugin.train.labels import _LazyTarget, _Throughput, chat_generations, server_prefetch
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_target))
+    msgs = chat_prompts(7, seed=0)
+    shards = [(msgs[:4], tmp_path / "srv" / "gen_0.pt"), (msgs[4:], tmp_path / "srv" / "gen_1.pt")]
+    (tmp_path / "srv").mkdir()
+    args = argparse.Namespace(gen_url=fake_server.url, gen_concurrency=3, gen_max_new_tokens=12, gen_batch=4,
+                              no_progress=True)  # fmt: skip
+    server_prefetch(tok, shards, args, tiny_target)
+    assert fake_server.requests == 7
+    target = _LazyTarget(tiny_target, torch.device("cpu"))
+    local = argparse.Namespace(**{**vars(args), "gen_url": None})
+    for k, (m, path) in enumerate(shards):
+        served = torch.load(path, weights_only=True)
+        ref = chat_generations(target, tok, m, tmp_path / f"ref_{k}.pt", local, _Throughput())
+        assert served["prompts"] == m
+        assert [s.tolist() for s in served["sequences"]] == [s.tolist() for s in ref["sequences"]]
+        assert fake_server.requests == 7
+    server_prefetch(tok, shards, args, tiny_target)
+    assert fake_server.requests == 7  # cached: not asked again
+    with caplog.at_level("WARNING"):  # a server of another model path: used, with a warning
+        server_prefetch(tok, [(msgs[:1], tmp_path / "other.pt")], args, tmp_path)
+    assert "not the target" in caplog.text and fake_server.requests == 8
+
+
+def test_gen_url_answers_are_cut_after_the_first_eos(tiny_target, tmp_path):
+    """Whatever a server returns after an EOS id is dropped, as in-process generation drops it; shards are saved
+    with their answers in prompt order whatever order the requests finish in."""
+    from transformers import AutoModelForCausalLM
+
+    from sage_plugin.train.server_gen import server_generations
+
+    server = _FakeSGLang(AutoModelForCausalLM.from_pretrained(str(tiny_target)).eval(), tiny_target, tail=(2, 9, 9))
+    saved = {}
+    try:
+        prompts = [[1, 5 + i] for i in range(5)]
+        n = server_generations(server.url, [(prompts[:3], lambda a: saved.setdefault(0, a)),
+                                            (prompts[3:], lambda a: saved.setdefault(1, a))], 8, [2], 4)  # fmt: skip
+    finally:
+        server.close()
+    assert sorted(saved) == [0, 1] and [len(saved[0]), len(saved[1])] == [3, 2]
+    answers = saved[0] + saved[1]
+    assert all(len(a) == 6 and a[-1] == 2 and 2 not in a[:-1] for a in answers) and n == 30
+
+
+def test_gen_url_that_does_not_answer_is_refused(tiny_target, tmp_path):
+    from transformers import AutoTokenizer
+
+    from sage_plugin.config import ConfigError
+    from sage_plugin.train.labels import server_prefetch
+
+    args = argparse.Namespace(gen_url="http://127.0.0.1:9", gen_concurrency=2, gen_max_new_tokens=4,
+                              no_progress=True)  # fmt: skip
+    tok = AutoTokenizer.from_pretrained(str(tiny_target))
+    with pytest.raises(ConfigError, match="--gen-url http://127.0.0.1:9: the server does not answer"):
+        server_prefetch(tok, [(["hi"], tmp_path / "g.pt")], args, tiny_target)
+
+
+def test_eagle3_trainer_takes_answers_from_gen_url(tiny_target, fake_server, tmp_path):
+    """The EAGLE-3 trainer's answer stage goes to ``--gen-url`` (one request per prompt) and trains on them."""
+    out = tmp_path / "e3"
+    args = _eagle3_args(out, tiny_target, "--gen-url", fake_server.url, "--no-export")
+    assert train_draft(args) == 0
+    gen = torch.load(next((out / "gen").glob("gen_*.pt")), weights_only=True)
+    assert fake_server.requests == len(gen["prompts"]) == 64
+    assert (out / "eagle3_ckpt.pt").is_file()

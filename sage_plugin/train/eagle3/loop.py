@@ -27,7 +27,14 @@ from sage_plugin.engines.eagle3 import Eagle3Head, eagle3_shape
 
 from ..common import atomic_save, progress_bar
 from ..data import chat_prompts, text_documents
-from ..labels import GEN_SHARD_PROMPTS, _LazyTarget, _Throughput, _windows_from_tokens, chat_generations
+from ..labels import (
+    GEN_SHARD_PROMPTS,
+    _LazyTarget,
+    _Throughput,
+    _windows_from_tokens,
+    chat_generations,
+    server_prefetch,
+)
 from .data import FeatureStore, build_feature_shard
 from .loss import target_to_draft, ttt_loss
 
@@ -62,6 +69,12 @@ def prepare_features(args, tokenizer, target: _LazyTarget, out: Path, aux_layers
     prompts = chat_prompts(args.gen_prompt_pool, seed=args.seed)
     order = shard_order(len(prompts) // GEN_SHARD_PROMPTS)[: args.gen_shards]
     stats = _Throughput()
+
+    def msgs_of(k: int) -> list[str]:
+        return prompts[k * GEN_SHARD_PROMPTS : (k + 1) * GEN_SHARD_PROMPTS]
+
+    todo = [k for k in order if not (feat_dir / f"feat_{k:05d}.pt").is_file()]
+    server_prefetch(tokenizer, [(msgs_of(k), gen_dir / f"gen_{k:05d}.pt") for k in todo], args, target.target_dir)
     paths = []
     bar = progress_bar(order, desc="answers + features", unit="shard", disable=args.no_progress)
     for k in bar:
@@ -69,7 +82,7 @@ def prepare_features(args, tokenizer, target: _LazyTarget, out: Path, aux_layers
         paths.append(fpath)
         if fpath.is_file():
             continue
-        msgs = prompts[k * GEN_SHARD_PROMPTS : (k + 1) * GEN_SHARD_PROMPTS]
+        msgs = msgs_of(k)
         gen = chat_generations(target, tokenizer, msgs, gen_dir / f"gen_{k:05d}.pt", args, stats)
         plens = [
             len(render_chat(tokenizer, Prompt(id="p", dataset="train", messages=({"role": "user", "content": m},))))
