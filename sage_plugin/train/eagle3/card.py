@@ -33,6 +33,12 @@ def model_card(record: dict) -> str:
             + f"\n\nPer-step accuracy along the continuation (step k reads step k-1's output): {h['step_accuracy']}."
         )
     )
+    served = (
+        " The answers came from a plain SGLang server serving the target (`--gen-url`, greedy, one request per prompt)."
+        if a.get("gen_url")
+        else ""
+    )
+    gen_url = " --gen-url http://HOST:PORT" if a.get("gen_url") else ""
     return f"""---
 license: apache-2.0
 base_model: HuggingFaceTB/SmolLM2-135M-Instruct
@@ -51,7 +57,7 @@ embedding shared) in the checkpoint format of SGLang's `LlamaForCausalLMEagle3`.
   prompts (`sage_plugin.train.data.chat_prompts`, instruction-category shards two in three) and
   {d.get("text_shards", 0) * 64} windows of 256 tokens of CPython stdlib sources, {d["tokens"]} tokens in all, with the
   target's captured hidden states and top-{a["topk"]} next-token distributions (loss on answer tokens and on every
-  source token). No MT-Bench, HumanEval or GSM8K prompt was used.
+  source token). No MT-Bench, HumanEval or GSM8K prompt was used.{served}
 - Objective: EAGLE-3's training-time test: {a["ttt_steps"]} unrolled draft steps (step k reads step k-1's output,
   attends to the target-fed rows and its own chain), soft cross-entropy to the target's distribution on answer
   positions, step weight {a["decay"]}^k.
@@ -65,7 +71,7 @@ embedding shared) in the checkpoint format of SGLang's `LlamaForCausalLMEagle3`.
 ```
 sage train-draft --kind eagle3 --out RUN --gen-shards {a["gen_shards"]} --gen-max-new-tokens {a["gen_max_new_tokens"]} \\
   --text-tokens {a["text_tokens"] or 0} --steps {a["steps"]} --batch-size {a["batch_size"]} --lr {a["lr"]} --seq-len {a["seq_len"]} \\
-  --intermediate {a["intermediate"]} --head-vocab {a["head_vocab"]} --ttt-steps {a["ttt_steps"]} --seed {a["seed"]}
+  --intermediate {a["intermediate"]} --head-vocab {a["head_vocab"]} --ttt-steps {a["ttt_steps"]} --seed {a["seed"]}{gen_url}
 ```
 
 ## Licence
