@@ -73,7 +73,8 @@ def server_generations(
     pending = [len(prompts) for prompts, _ in shards]
     answers: list[list[list[int] | None]] = [[None] * len(prompts) for prompts, _ in shards]
     tokens = 0
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+    pool = ThreadPoolExecutor(max_workers=concurrency)
+    try:
         futures = {
             pool.submit(_answer, url, ids, max_new_tokens, eos): (s, i)
             for s, (prompts, _) in enumerate(shards)
@@ -81,11 +82,13 @@ def server_generations(
         }
         for fut in as_completed(futures):
             s, i = futures[fut]
-            answers[s][i] = fut.result()
+            answers[s][i] = fut.result()  # a failed request stops the run: the prompts not yet sent are dropped
             tokens += len(answers[s][i])
             pending[s] -= 1
             if bar is not None:
                 bar.update(1)
             if pending[s] == 0:
                 shards[s][1]([a for a in answers[s] if a is not None])
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return tokens

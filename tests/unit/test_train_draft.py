@@ -296,7 +296,7 @@ class _FakeSGLang:
     (HF's greedy continuation of ``max_new_tokens``, its last tokens replaced by ``tail``); ``requests`` counts the
     generate calls."""
 
-    def __init__(self, model, model_path: Path, tail: tuple[int, ...] = ()):
+    def __init__(self, model, model_path: Path, tail: tuple[int, ...] = (), fail_on: int | None = None):
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -321,6 +321,11 @@ class _FakeSGLang:
 
             def do_POST(self):
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if fail_on is not None and fail_on in req["input_ids"]:
+                    with lock:
+                        fake.requests += 1
+                    self.send_error(500)
+                    return
                 with lock:
                     fake.requests += 1
                     out = greedy_generate(model, [req["input_ids"]], req["sampling_params"]["max_new_tokens"],
@@ -396,6 +401,25 @@ def test_gen_url_answers_are_cut_after_the_first_eos(tiny_target, tmp_path):
     assert sorted(saved) == [0, 1] and [len(saved[0]), len(saved[1])] == [3, 2]
     answers = saved[0] + saved[1]
     assert all(len(a) == 6 and a[-1] == 2 and 2 not in a[:-1] for a in answers) and n == 30
+
+
+def test_gen_url_failed_request_stops_the_run(tiny_target):
+    """A request the server fails raises at once: the prompts not yet sent are not sent, the shard is not saved."""
+    import urllib.error
+
+    from transformers import AutoModelForCausalLM
+
+    from sage_plugin.train.server_gen import server_generations
+
+    server = _FakeSGLang(AutoModelForCausalLM.from_pretrained(str(tiny_target)).eval(), tiny_target, fail_on=777)
+    saved = []
+    try:
+        with pytest.raises(urllib.error.HTTPError):
+            server_generations(server.url, [([[1, 777]] + [[1, 5 + i] for i in range(60)], saved.append)], 4, [2], 1)
+    finally:
+        server.close()
+    # the one worker may take the next prompt before the failure reaches the caller; the rest are never sent
+    assert saved == [] and 1 <= server.requests < 10
 
 
 def test_gen_url_that_does_not_answer_is_refused(tiny_target, tmp_path):
