@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["progress_bar", "atomic_save", "resolve_device"]
+__all__ = ["progress_bar", "atomic_save", "cut_after_eos", "resolve_device"]
 
 
 def progress_bar(*args, **kwargs):
@@ -32,6 +32,14 @@ def progress_bar(*args, **kwargs):
 
         return _Null()
     return tqdm(*args, **kwargs)
+
+
+def cut_after_eos(tokens: list[int], eos) -> list[int]:
+    """``tokens`` up to and including the first id in ``eos`` (all of them when none is there)."""
+    for j, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: j + 1]
+    return tokens
 
 
 def atomic_save(obj: Any, path: Path) -> None:

@@ -23,7 +23,7 @@ import torch
 from sage_plugin.data.prompts import Prompt, render_chat
 from sage_plugin.engines.lm import load_causal_lm
 
-from .common import atomic_save, progress_bar
+from .common import atomic_save, cut_after_eos, progress_bar
 from .data import chat_prompts, text_documents
 from .server_gen import check_server, server_generations
 
@@ -91,12 +91,7 @@ def greedy_generate(
         gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gcfg)
         new = gen[:, width:].tolist()
         for r, i in enumerate(idx):
-            toks = new[r]
-            for j, t in enumerate(toks):
-                if t in eos:
-                    toks = toks[: j + 1]
-                    break
-            out[i] = toks
+            out[i] = cut_after_eos(new[r], eos)
         bar.update(len(idx))
     bar.close()
     return out
@@ -262,8 +257,8 @@ def server_prefetch(tokenizer, shards: list[tuple[list[str], Path]], args, targe
     n = server_generations(args.gen_url, jobs, args.gen_max_new_tokens, [eos] if eos is not None else [],
                            args.gen_concurrency, bar)  # fmt: skip
     bar.close()
-    logger.info("%d answer tokens from %s in %.0f s (%.0f tok/s)", n, args.gen_url, time.time() - t0,
-                n / max(time.time() - t0, 1e-9))  # fmt: skip
+    dt = time.time() - t0
+    logger.info("%d answer tokens from %s in %.0f s (%.0f tok/s)", n, args.gen_url, dt, n / max(dt, 1e-9))
 
 
 def build_labels(args, tokenizer, target_dir: Path, out: Path, device: torch.device) -> dict:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 from sage_plugin.config import ConfigError
 
+from .common import cut_after_eos
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["check_server", "server_generations"]
@@ -54,11 +56,9 @@ def check_server(url: str, target_dir: Path) -> None:
 
 def _answer(url: str, ids: Sequence[int], max_new_tokens: int, eos: set[int]) -> list[int]:
     params = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
-    out = _request(url, "/generate", {"input_ids": list(ids), "sampling_params": params})["output_ids"]
-    for j, t in enumerate(out):
-        if t in eos:
-            return out[: j + 1]
-    return out
+    return cut_after_eos(
+        _request(url, "/generate", {"input_ids": list(ids), "sampling_params": params})["output_ids"], eos
+    )
 
 
 def server_generations(

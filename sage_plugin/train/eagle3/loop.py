@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
-from sage_plugin.data.prompts import Prompt, render_chat
 from sage_plugin.engines.eagle3 import Eagle3Head, eagle3_shape
 
 from ..common import atomic_save, progress_bar
 from ..data import chat_prompts, text_documents
 from ..labels import (
     GEN_SHARD_PROMPTS,
+    _chat_ids,
     _LazyTarget,
     _Throughput,
     _windows_from_tokens,
@@ -84,10 +84,7 @@ def prepare_features(args, tokenizer, target: _LazyTarget, out: Path, aux_layers
             continue
         msgs = msgs_of(k)
         gen = chat_generations(target, tokenizer, msgs, gen_dir / f"gen_{k:05d}.pt", args, stats)
-        plens = [
-            len(render_chat(tokenizer, Prompt(id="p", dataset="train", messages=({"role": "user", "content": m},))))
-            for m in msgs
-        ]
+        plens = [len(ids) for ids in _chat_ids(tokenizer, msgs)]
         build_feature_shard(target.get(), gen, plens, fpath, aux_layers, args.topk)
     return paths + _text_features(args, tokenizer, target, feat_dir, aux_layers)
 
