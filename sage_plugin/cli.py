@@ -125,6 +125,10 @@ def _serving_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=3, help="batches per batch size (server order alternates)")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured batches per batch size on every server first "
                    "(one-off costs at a new size: first kernels, SAGE's tier measurements there)")  # fmt: skip
+    p.add_argument("--load", default="batch", choices=("batch", "stream"), help="batch: each repeat sends B "
+                   "requests at once, timed until the last returns; stream: each repeat sends --stream-per-slot x B "
+                   "requests through B closed-loop client slots (continuous batching at concurrency B)")  # fmt: skip
+    p.add_argument("--stream-per-slot", type=int, default=4, help="with --load stream: requests per client slot")
     p.add_argument("--num-prompts", type=int, default=16, help="prompts to draw batches from")
     p.add_argument("--libcuda-dir", default=".sglang-libcuda", help="where tools/setup_sglang.sh unpacked libcuda")
     p.add_argument("--log-dir", default="out/bench-serving", help="server logs")
@@ -183,7 +187,7 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
         log_dir=Path(args.log_dir), batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, requests=serving_requests(prompts, target),
         methods=methods, eagle3=eagle3.resolve() if eagle3 else None, eagle3_config=Path(args.eagle3_config).resolve(),
-        urls=urls, warmup=args.warmup,
+        urls=urls, warmup=args.warmup, load=args.load, stream_per_slot=args.stream_per_slot,
     )  # fmt: skip
     report["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
     report["prompts"] = args.prompts or args.datasets

@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -145,8 +146,13 @@ def parse_urls(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def parallel(fn: Callable[[Any], Any], items: list) -> list:
-    """``[fn(x) for x in items]``, all at once in threads (concurrent requests); results in input order."""
+def parallel(fn: Callable[[Any], Any], items: list, concurrency: int | None = None) -> list:
+    """``[fn(x) for x in items]`` in threads, results in input order: all at once, or with ``concurrency`` given, at
+    most that many in flight, each finished call starting the next item at once (a closed-loop client of that many
+    users, as a serving benchmark's ``--max-concurrency``)."""
+    if concurrency is not None and concurrency < len(items):
+        with ThreadPoolExecutor(max_workers=max(concurrency, 1)) as pool:
+            return list(pool.map(fn, items))
     out: list = [None] * len(items)
 
     def work(i: int, item: Any) -> None:

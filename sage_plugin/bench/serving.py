@@ -8,7 +8,9 @@ top-k 1, 4 tokens) and ``standalone-tree`` (STANDALONE at SAGE's own steps / top
 batch size B the same B prompts (bundled MT-Bench / GSM8K / HumanEval, the bundled image prompts, or a prompt file;
 chat template applied, images as base64 ``image_data``) are sent concurrently, greedy, ``max_new_tokens`` each, to
 every server in turn, rotating the order per repeat, so machine noise hits all alike.  Reported per method and
-batch size: output tokens/s (completion tokens over the wall time of the batch, prefill included), the ratio to
+batch size: output tokens/s (completion tokens over the wall time of the batch, prefill included; with ``--load
+stream`` B is the number of closed-loop client slots and each repeat serves ``--stream-per-slot`` x B requests,
+continuous batching as production serving runs it), the ratio to
 plain, SGLang's mean ``spec_accept_length``, p50 / p99 request latency, SAGE's per-request means
 (``meta_info["sage"]``), and whether every output equals plain decoding token for token.
 
@@ -168,7 +170,11 @@ def method_args(
     return [*model, *plain_flags(config), "--speculative-draft-model-path", str(draft), *_spec_flags(config, sizes)]
 
 
-def _run_batch(server: HttpServer, requests: list[dict], max_new_tokens: int, side: _Side) -> list[list[int]]:
+def _run_batch(
+    server: HttpServer, requests: list[dict], max_new_tokens: int, side: _Side, concurrency: int | None = None
+) -> list[list[int]]:
+    """Serve ``requests`` (all at once, or through ``concurrency`` closed-loop client slots) and add the tokens, the
+    wall time of the whole set and each request's latency to ``side``; returns the output ids in request order."""
     params = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
 
     def one(r: dict) -> tuple[dict, float]:
@@ -177,7 +183,7 @@ def _run_batch(server: HttpServer, requests: list[dict], max_new_tokens: int, si
         return out, time.perf_counter() - t
 
     t0 = time.perf_counter()
-    results = parallel(one, requests)
+    results = parallel(one, requests, concurrency)
     side.seconds += time.perf_counter() - t0
     for o, latency in results:
         meta = o["meta_info"]
@@ -207,7 +213,7 @@ def _round_mean(summaries: list[dict[str, float]], key: str) -> float | None:
     return sum(s[key] * s["rounds"] for s in drafted) / rounds if rounds else None
 
 
-def _row(method: str, bs: int, side: _Side, plain: _Side, same: bool, repeats: int) -> dict[str, Any]:
+def _row(method: str, bs: int, side: _Side, plain: _Side, same: bool, requests: int, load: str) -> dict[str, Any]:
     mean = lambda key: _round_mean(side.sage, key)  # noqa: E731
     tok_s = side.tokens / side.seconds
     return {
@@ -215,7 +221,7 @@ def _row(method: str, bs: int, side: _Side, plain: _Side, same: bool, repeats: i
         "identical": same, "accept_length": statistics.fmean(side.accept) if side.accept else None,
         "p50_latency_s": _percentile(side.latencies, 0.5), "p99_latency_s": _percentile(side.latencies, 0.99),
         "mean_alpha": mean("mean_alpha"), "mean_depth": mean("mean_depth"), "mean_width": mean("mean_width"),
-        "requests": repeats * bs,
+        "requests": requests, "load": load,
     }  # fmt: skip
 
 
@@ -223,7 +229,7 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
                       batch_sizes: list[int], max_new_tokens: int, repeats: int, requests: list[dict[str, Any]],
                       methods: list[str] = ("plain", "sage"), eagle3: Path | None = None,
                       eagle3_config: Path | None = None, urls: dict[str, str] | None = None,
-                      warmup: int = 1) -> dict[str, Any]:  # fmt: skip
+                      warmup: int = 1, load: str = "batch", stream_per_slot: int = 4) -> dict[str, Any]:  # fmt: skip
     """Launch one server per method (all at once; a method in ``urls`` is that running server instead), measure
     every batch size ``repeats`` times, stop the servers it launched.
 
@@ -233,10 +239,17 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
     that is short next to a server's life.
 
     The same batch goes to every server in turn; the order rotates per repeat so machine noise hits all alike.
+    ``load``: ``"batch"`` sends a repeat's B requests at once and times the batch until its last request returns
+    (speculative requests finish at different steps, so the batch ends at a small batch size); ``"stream"`` sends a
+    repeat's ``stream_per_slot * B`` requests through B closed-loop client slots (a slot sends its next request when
+    its last one returns: continuous batching at concurrency B, as production serving runs; the batch shrinks only
+    at the end of the stream).
     ``requests`` are ``/generate`` payloads without sampling parameters (:func:`serving_requests`); ``methods``
     start with ``plain`` (:func:`parse_serving_methods`).  Returns the report dict (``rows``: one per method and
     batch size).
     """
+    if load not in ("batch", "stream") or stream_per_slot < 1:
+        raise ConfigError(f"--load batch|stream and --stream-per-slot >= 1, got {load!r} and {stream_per_slot}")
     log_dir.mkdir(parents=True, exist_ok=True)
     urls = urls or {}
     servers: dict[str, HttpServer] = {}
@@ -263,13 +276,15 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
             for _ in range(warmup):
                 for m in methods:
                     _run_batch(servers[m], _batch(requests, bs, 0), max_new_tokens, _Side())
+            n = bs * (stream_per_slot if load == "stream" else 1)
+            slots = bs if load == "stream" else None
             for r in range(repeats):
-                batch = _batch(requests, bs, r)
+                batch = _batch(requests, n, r)
                 order = methods[r % len(methods) :] + methods[: r % len(methods)]
-                outs = {m: _run_batch(servers[m], batch, max_new_tokens, sides[m]) for m in order}
+                outs = {m: _run_batch(servers[m], batch, max_new_tokens, sides[m], slots) for m in order}
                 for m in methods:
                     same[m] &= outs[m] == outs["plain"]
-            rows += [_row(m, bs, sides[m], sides["plain"], same[m], repeats) for m in methods]
+            rows += [_row(m, bs, sides[m], sides["plain"], same[m], repeats * n, load) for m in methods]
         states = {m: servers[m].get("/server_info") for m in methods}
         info = {m: st.get("speculative_algorithm") for m, st in states.items()}
         # SAGE servers' own state at the end (per tier: steps run, expected tokens, measured cost per batch size)
@@ -280,13 +295,22 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
             server.stop()
     return {"rows": rows, "algorithms": info, "methods": list(methods), "config": str(config), "target": str(target),
             "draft": str(draft), "eagle3_head": None if eagle3 is None else str(eagle3),
-            "max_new_tokens": max_new_tokens, "warmup": warmup, "sage_state": sage_state, "urls": dict(urls)}  # fmt: skip
+            "max_new_tokens": max_new_tokens, "warmup": warmup, "load": load, "stream_per_slot": stream_per_slot,
+            "sage_state": sage_state, "urls": dict(urls)}  # fmt: skip
+
+
+def _load_line(report: dict[str, Any]) -> str:
+    if report.get("load", "batch") == "stream":
+        return (f"load: stream, {report['stream_per_slot']} requests per client slot, `batch` = concurrent slots "
+                "(continuous batching)")  # fmt: skip
+    return "load: batch, `batch` requests sent together, timed until the last returns"
 
 
 def format_table(report: dict[str, Any]) -> str:
     """Markdown table of :func:`run_serving_bench`'s report (speed-up: over ``plain`` at the same batch size)."""
     lines = [
         f"SGLang serving, greedy, {report['max_new_tokens']} new tokens per request (draft: {report['draft']})",
+        _load_line(report),
         "",
         "| batch | method | tok/s | speed-up | accept length | p50 / p99 latency s | mean alpha | mean D | mean W "
         "| identical |",

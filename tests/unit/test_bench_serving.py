@@ -53,9 +53,15 @@ def test_format_table_and_plot(tmp_path):
     }  # fmt: skip
     table = format_table(report).splitlines()
     assert table[0].startswith("SGLang serving, greedy, 64 new tokens per request")
-    assert table[4] == "| 1 | plain | 14.8 | 1.00x | - | 4.25 / 5.50 | - | - | - | yes |"
-    assert table[5] == "| 1 | sage | 7.7 | 0.52x | 1.80 | 4.25 / 5.50 | 0.41 | 2.60 | 2.80 | yes |"
-    assert table[7] == "| 8 | sage | 28.4 | 0.54x | - | 4.25 / 5.50 | - | - | - | NO |"
+    assert table[1].startswith("load: batch")  # a report without "load" was measured in batch mode
+    assert table[5] == "| 1 | plain | 14.8 | 1.00x | - | 4.25 / 5.50 | - | - | - | yes |"
+    assert table[6] == "| 1 | sage | 7.7 | 0.52x | 1.80 | 4.25 / 5.50 | 0.41 | 2.60 | 2.80 | yes |"
+    assert table[8] == "| 8 | sage | 28.4 | 0.54x | - | 4.25 / 5.50 | - | - | - | NO |"
+    assert (
+        format_table({**report, "load": "stream", "stream_per_slot": 4})
+        .splitlines()[1]
+        .startswith("load: stream, 4 requests per client slot")
+    )
     path = write_serving_plot(report, tmp_path)
     assert path.name == "serving_tok_s.png" and path.stat().st_size > 1000
 
