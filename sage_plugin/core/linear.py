@@ -67,7 +67,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     x2 = x.reshape(rows, k)
     padded = _padded_rows(rows)
     if padded != rows:
-        x2 = torch.cat([x2, x2.new_zeros(padded - rows, k)]) if rows > 1 else x2.repeat(2, 1)
+        x2 = torch.cat([x2, x2.new_zeros(padded - rows, k)] if rows > 1 else [x2, x2])  # cat: repeat costs 10 us
     out = torch.mm(weight, x2.t()).t()[:rows].contiguous()
     if bias is not None:
         out.add_(bias)

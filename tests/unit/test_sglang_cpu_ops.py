@@ -538,9 +538,16 @@ def test_rotate_input_ids(lens, with_select, seed):
 
 
 @SETTINGS
-@given(st.integers(0, 2**31), st.integers(1, 3), st.integers(0, 6), st.sampled_from([torch.int32, torch.int64]))
-def test_copy_all_layer_kv_cache(seed, layers, num_locs, loc_dtype):
-    """Buffers shaped like MHATokenToKVPool's; overlapping source/target slots copy from the old values."""
+@given(
+    st.integers(0, 2**31),
+    st.integers(1, 3),
+    st.integers(0, 6),
+    st.sampled_from([torch.int32, torch.int64]),
+    st.sampled_from(["none", "some", "all"]),
+)
+def test_copy_all_layer_kv_cache(seed, layers, num_locs, loc_dtype, in_place):
+    """Buffers shaped like MHATokenToKVPool's; overlapping source/target slots copy from the old values; pairs whose
+    source is their target (``in_place``: none, some or all of them, the verify's already-compact paths) too."""
     g = gen(seed)
     slots = 12
     shapes = [(slots, 2, 4, torch.bfloat16), (slots, 1, 3, torch.float32), (slots, 3, 5, torch.uint8)]
@@ -548,6 +555,9 @@ def test_copy_all_layer_kv_cache(seed, layers, num_locs, loc_dtype):
     bufs += [torch.randint(0, 100, (slots, 2, 2), generator=g).to(torch.float16) for _ in range(layers)]  # V
     tgt = torch.randperm(slots, generator=g)[:num_locs]
     src = torch.randint(0, slots, (num_locs,), generator=g)
+    if in_place != "none":
+        same = torch.ones(num_locs, dtype=torch.bool) if in_place == "all" else torch.rand(num_locs, generator=g) < 0.5
+        src = torch.where(same, tgt, src)
     want = [b.clone() for b in bufs]
     for b in want:
         staged = [b[int(s)].clone() for s in src]

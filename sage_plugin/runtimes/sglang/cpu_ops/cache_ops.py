@@ -71,7 +71,9 @@ def copy_all_layer_kv_cache_cpu(
 
     ``MHATokenToKVPool`` passes ``data_ptrs = [k.data_ptr() for k in k_buffer + v_buffer]`` (uint64) and
     ``strides = [prod(shape[1:]) * itemsize]`` (int64), i.e. one token slot per row.  A Python loop over the
-    ``2 * num_layers`` buffers; each copy is one vectorised gather + scatter.
+    ``2 * num_layers`` buffers; each copy is one vectorised gather + scatter.  Pairs with ``tgt == src`` are dropped
+    first (a row copied onto itself): the verify's accepted-path compaction passes every request's path, which after a
+    speculation-off step or a first-child path is already in place (1 ms a step over SmolLM2's 60 buffers at batch 1).
     """
     if tgt_loc.numel() != src_loc.numel():
         raise RuntimeError("tgt_loc and src_loc must have the same length")
@@ -80,6 +82,11 @@ def copy_all_layer_kv_cache_cpu(
     if tgt_loc.numel() == 0 or data_ptrs.numel() == 0:
         return
     tgt, src = _long(tgt_loc), _long(src_loc)
+    moved = tgt != src
+    if not bool(moved.all()):
+        tgt, src = tgt[moved], src[moved]
+        if tgt.numel() == 0:
+            return
     lo = int(torch.minimum(tgt.min(), src.min()))
     if lo < 0:
         raise RuntimeError("copy_all_layer_kv_cache_cpu: negative slot index")
