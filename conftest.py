@@ -10,7 +10,8 @@ With SGLang installed (``tools/setup.sh --sglang``) on a machine without an NVID
 ``.sglang-libcuda/``.  This file does what ``source .sglang-libcuda/env.sh`` does for a shell, before any
 test imports SGLang: it loads that library into this process (the loader then resolves ``sgl_kernel``'s
 dependency to it), puts its directory on ``LD_LIBRARY_PATH`` for the servers the tests launch, and selects
-SGLang's CPU engine.  So README's single test command also runs the SGLang tier.
+SGLang's CPU engine.  So README's single test command also runs the SGLang tier.  ``HF_HUB_OFFLINE`` is set for the
+whole session (below).
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ import importlib.util
 import os
 from pathlib import Path
 
-from sage_plugin.runtimes.sglang.cpu_env import cpu_launch_env, unpacked_libcuda
+# Tests never reach a model hub (nothing is downloaded at run time): a model id that is not a local directory (the
+# launch-validation tests pass "target") fails the hub lookup at once instead of retrying the network, 23 s a lookup
+# on a machine where the hub does not answer.  Set before anything imports huggingface_hub, which reads it on import;
+# the SGLang servers the tests launch inherit it.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+from sage_plugin.runtimes.sglang.cpu_env import cpu_launch_env, unpacked_libcuda  # noqa: E402
 
 REPO = Path(__file__).resolve().parent
 
