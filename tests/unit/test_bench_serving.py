@@ -1,4 +1,5 @@
-"""``sage bench-serving`` pieces that need no SGLang: the plain server's flags and the report table."""
+"""``sage bench-serving`` pieces that need no SGLang: the plain server's flags, the report table, running servers
+(``--url``) and the batch / stream loads, against fake HTTP servers."""
 
 from __future__ import annotations
 
@@ -140,14 +141,21 @@ def test_serving_requests_render_text_and_image_prompts(tmp_path):
 
 class _FakeSGLang:
     """A stand-in for a running SGLang server: ``/health``, ``/server_info`` and a greedy ``/generate`` whose output
-    ids are a function of the prompt text (``shift`` changes them, as a server with another model would)."""
+    ids are a function of the prompt text (``shift`` changes them, as a server with another model would; with
+    ``shift_text`` only that prompt's).  Each ``/generate`` takes ``delay`` seconds; ``max_in_flight`` is the most
+    requests it ever served at once."""
 
-    def __init__(self, shift: int = 0, accept: float | None = None) -> None:
+    def __init__(
+        self, shift: int = 0, accept: float | None = None, delay: float = 0.0, shift_text: str | None = None
+    ) -> None:
         import http.server
         import json
         import threading
+        import time
 
         self.requests: list[dict] = []
+        self.in_flight = self.max_in_flight = 0
+        lock = threading.Lock()
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -172,9 +180,16 @@ class _FakeSGLang:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                fake.requests.append(body)
+                with lock:
+                    fake.requests.append(body)
+                    fake.in_flight += 1
+                    fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+                time.sleep(delay)
+                with lock:
+                    fake.in_flight -= 1
                 n = body["sampling_params"]["max_new_tokens"]
-                ids = [(len(body["text"]) + i + shift) % 97 for i in range(n)]
+                k = shift if shift_text in (None, body["text"]) else 0
+                ids = [(len(body["text"]) + i + k) % 97 for i in range(n)]
                 meta = {"completion_tokens": n}
                 if accept is not None:
                     meta["spec_accept_length"] = accept
@@ -261,3 +276,93 @@ def test_a_url_that_does_not_answer_is_one_clear_error(tmp_path):
     fake.close()
     with pytest.raises(ConfigError, match=r"--url sage=http://127\.0\.0\.1:\d+: the server does not answer /health"):
         RemoteServer("sage", url)
+
+
+# ------------------------------------------------------------------------------------------ --load
+
+
+def _load_bench(tmp_path, plain: _FakeSGLang, other: _FakeSGLang, load: str, **kw):
+    from sage_plugin.bench.serving import run_serving_bench
+
+    requests = [{"text": "p" * (i + 1)} for i in range(10)]
+    return run_serving_bench(
+        config=CPU_CONFIG, target=Path("/t"), draft=Path("/d"), env={}, log_dir=tmp_path, batch_sizes=[3],
+        max_new_tokens=5, repeats=2, requests=requests, methods=["plain", "sage"],
+        urls={"plain": plain.url, "sage": other.url}, warmup=0, load=load, **kw,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def fakes():
+    made: list[_FakeSGLang] = []
+
+    def make(**kw) -> _FakeSGLang:
+        made.append(_FakeSGLang(delay=0.02, **kw))
+        return made[-1]
+
+    yield make
+    for f in made:
+        f.close()
+
+
+def test_parallel_caps_requests_in_flight_and_keeps_order():
+    import threading
+    import time
+
+    from sage_plugin.bench.serving import parallel
+
+    live = [0]
+    peak = [0]
+    lock = threading.Lock()
+
+    def work(x: int) -> int:
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        time.sleep(0.05 + 0.01 * (x % 3))
+        with lock:
+            live[0] -= 1
+        return x * x
+
+    assert parallel(work, list(range(12)), concurrency=3) == [x * x for x in range(12)]
+    assert peak[0] == 3
+    peak[0] = 0
+    assert parallel(work, list(range(5))) == [x * x for x in range(5)]  # no cap: all at once
+    assert peak[0] == 5
+
+
+def test_stream_load_serves_slots_times_requests_through_b_slots(tmp_path, fakes):
+    plain, sage = fakes(), fakes()
+    report = _load_bench(tmp_path, plain, sage, "stream", stream_per_slot=4)
+    rows = {r["method"]: r for r in report["rows"]}
+    assert report["load"] == "stream" and report["stream_per_slot"] == 4
+    assert rows["sage"]["requests"] == 2 * 4 * 3 and rows["sage"]["load"] == "stream"
+    assert rows["sage"]["identical"] and rows["plain"]["speedup"] == 1.0
+    for fake in (plain, sage):
+        measured = [r["text"] for r in fake.requests[2:]]  # after the start-up warm-up's two requests
+        assert len(measured) == 24 and fake.max_in_flight == 3
+        # repeat r serves the next 12 prompts of the 10, wrapping around
+        assert sorted(measured[:12]) == sorted(["p" * ((i % 10) + 1) for i in range(12)])
+    # 24 requests x 5 tokens at 3 in flight, 20 ms each: at most 3 * 5 / 0.02 = 750 tok/s
+    assert 0 < rows["sage"]["tok_s"] <= 750
+
+
+def test_batch_load_sends_each_batch_at_once(tmp_path, fakes):
+    plain, sage = fakes(), fakes()
+    rows = {r["method"]: r for r in _load_bench(tmp_path, plain, sage, "batch")["rows"]}
+    assert rows["sage"]["requests"] == 2 * 3 and rows["sage"]["load"] == "batch"
+    assert len(sage.requests) == 2 + 6 and sage.max_in_flight == 3
+
+
+def test_stream_load_compares_every_output_with_plain(tmp_path, fakes):
+    plain, sage = fakes(), fakes(shift=1, shift_text="p" * 2)  # one prompt's answer differs
+    rows = {r["method"]: r for r in _load_bench(tmp_path, plain, sage, "stream", stream_per_slot=2)["rows"]}
+    assert rows["plain"]["identical"] and not rows["sage"]["identical"]
+
+
+def test_bad_load_is_refused(tmp_path, fakes):
+    plain, sage = fakes(), fakes()
+    with pytest.raises(ConfigError, match="--stream-per-slot"):
+        _load_bench(tmp_path, plain, sage, "stream", stream_per_slot=0)
+    with pytest.raises(ConfigError, match="--load"):
+        _load_bench(tmp_path, plain, sage, "flood")
