@@ -147,6 +147,9 @@ class SageConfig:
     # catches up in one forward before the next drafted step (0: every off step runs the extend; docs/sglang.md,
     # "Speculation off without the draft extend", measures both: no net gain on the 2-core CPU yet)
     tier_off_lag: int = 0
+    # the off tier's target forward runs as SGLang's DECODE forward instead of a one-node TARGET_VERIFY (CPU; same
+    # tokens, slots and logits; docs/sglang.md, "The speculation-off tier as a DECODE forward")
+    tier_off_decode: bool = True
     theta0: float = 0.1  # theta_l = theta0 * l / D
     alpha_init: float = 0.5
     first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)
@@ -209,6 +212,7 @@ class SageConfig:
         _float_in("tier_bound_slack", self.tier_bound_slack, 0.0, 1.0)
         _choice("tier_acceptance", self.tier_acceptance, ("pooled", "per_tier"))
         _int_in("tier_off_lag", self.tier_off_lag, 0, 1024)
+        _bool("tier_off_decode", self.tier_off_decode)
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
         if (self.rerank_nodes or self.rerank_pool != "kept") and self.topology == "planned":
             raise ConfigError(

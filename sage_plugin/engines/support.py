@@ -24,6 +24,7 @@ _NOT_READ = {
     "tier_bound_slack": _NO_TIERS,
     "tier_acceptance": _NO_TIERS,
     "tier_off_lag": _NO_TIERS,
+    "tier_off_decode": _NO_TIERS,
     "tier_alpha_bins": _NO_TIERS,
 }
 

@@ -28,6 +28,7 @@ OTHER_VALUES: dict[str, list] = {
     "tier_bound_slack": [0.0, 1.0],
     "tier_acceptance": ["per_tier"],
     "tier_off_lag": [16, 1, 1024],
+    "tier_off_decode": [False],
     "tier_alpha_bins": [0, 8],
     "use_history": [False],
     "history_window": [5],

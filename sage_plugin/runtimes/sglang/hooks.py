@@ -144,10 +144,12 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
     section = dict(draft.sage_stats())
     section["kv_available_tokens"] = int(scheduler.token_to_kv_pool_allocator.available_size())
     section["kv_evictable_tokens"] = int(scheduler.tree_cache.evictable_size())
-    tiers = getattr(getattr(scheduler, "draft_worker", None), "sage_tiers", None)
+    worker = getattr(scheduler, "draft_worker", None)
+    tiers = getattr(worker, "sage_tiers", None)
     if tiers is not None:  # --sage-tiers: per tier its steps run, expected tokens and measured cost
         section["tiers"] = tiers.chooser.summary()
         section["tier_switches"] = tiers.switches
+        section["off_decode_steps"] = worker.sage_off_decode_steps  # --sage-tier-off-decode (offstep.py)
     lag = getattr(draft, "sage_lag", None)
     if lag is not None:  # --sage-tier-off-lag: off steps that skipped the draft extend, and the catch-ups (lag.py)
         section["off_lag"] = {"skipped_extends": lag.skipped, "catch_ups": lag.catch_ups}

@@ -62,6 +62,7 @@ SGLANG_SUPPORT = RuntimeSupport(
         "tier_bound_slack": _ALL,
         "tier_acceptance": _ALL,
         "tier_off_lag": Honoured(note="standalone drafts on CPU; EAGLE heads and CUDA run the off tier's draft extend"),
+        "tier_off_decode": Honoured(note="CPU; CUDA verifies the root in its captured TARGET_VERIFY graph"),
         "tier_alpha_bins": _ALL,
     },
     not_read={

@@ -45,6 +45,7 @@ from .args import sage_config_of
 from .hooks import ACTIVE_SELECTION
 from .lag import DraftLag
 from .meta import SageRoundDevice
+from .offstep import DecodeVerifyTarget
 from .selection import BeamSelection
 from .tiers import HostScalar, SageTierController, StepClock, TierSwitchLogFilter
 
@@ -263,6 +264,8 @@ class SageWorkerMixin:
         self.sage_tiers: SageTierController | None = None
         self._sage_clock = StepClock(self.device)
         self._sage_last_end: float | None = None
+        self._sage_off_decode = bool(cfg.tiers) and cfg.tier_off_decode and torch.device(self.device).type == "cpu"
+        self.sage_off_decode_steps = 0  # off steps whose verify forward ran in DECODE mode (GET /server_info)
         if self._draft_worker is not None:  # None on pipeline stages that host no draft
             self._draft_worker.__class__ = self.sage_draft_cls
             self._draft_worker.init_sage(cfg)
@@ -285,6 +288,19 @@ class SageWorkerMixin:
         if now[0] == state.speculative_num_steps:
             self.speculative_num_steps = -1  # not a real size: it only defeats the early return
         super().apply_runtime_state(state)
+
+    def verify(self, batch: Any, pp_proxy_tensors: Any = None, grammar_barrier: Any = None):
+        """Upstream's verify; at the off tier on CPU (``tier_off_decode``) its one forward runs in DECODE mode
+        (``offstep.py``)."""
+        if self._sage_off_decode and self.speculative_num_steps == 0 and not batch.forward_mode.is_idle():
+            self.sage_off_decode_steps += 1
+            target = self._target_worker
+            self._target_worker = DecodeVerifyTarget(target)
+            try:
+                return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
+            finally:
+                self._target_worker = target
+        return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch

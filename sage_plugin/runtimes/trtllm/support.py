@@ -46,6 +46,7 @@ _TIERS = {
     "tier_bound_slack": "no tiers",
     "tier_acceptance": "no tiers",
     "tier_off_lag": "no tiers",
+    "tier_off_decode": "no tiers",
     "tier_alpha_bins": "no tiers",
 }
 

@@ -235,6 +235,8 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
     assert sage["tier_switches"] > 0
     # the off tier skipped its draft extends and the draft caught up before drafting again (lag.py)
     assert sage["off_lag"]["skipped_extends"] > 0 and sage["off_lag"]["catch_ups"] > 0, sage
+    # every off step's verify forward ran as a DECODE forward (tier_off_decode, offstep.py)
+    assert sage["off_decode_steps"] == report["0:1"]["steps"], sage
     assert sage["kv_available_tokens"] == kv0, (sage, kv0)
     log = (tmp_path / "tiers.log").read_text()
     assert "Built adaptive runtime state steps=0" in log and "Switch adaptive runtime state" not in log

@@ -62,6 +62,11 @@ USED_SYMBOLS = [
     "sglang.srt.speculative.standalone_worker_v2.StandaloneDraftWorker.init_cuda_graphs",
     "sglang.srt.speculative.eagle_worker_v2.organize_draft_results",
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
+    # the off tier's verify forward in DECODE mode (offstep.py; the call's shape: tests/integration/sglang/test_offstep.py)
+    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.verify",
+    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2._build_trivial_verify_input",
+    "sglang.srt.speculative.eagle_worker_common.run_eagle_verify",
+    "sglang.srt.model_executor.forward_batch_info.ForwardMode.DECODE",
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft",
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill",  # VLM prompts, INDEX.md
     "sglang.srt.speculative.base_spec_worker.EagleDraftWorkerBase",
