@@ -177,6 +177,28 @@ def test_eagle_heads_equal_plain(servers, target_dir, launch_env, tmp_path, kind
         assert sum(accept) / len(accept) >= EAGLE3_MIN_ACCEPT, accept
 
 
+def test_logprobs_match_plain(servers):
+    """``return_logprob`` through SAGE's steps (whichever tiers the chooser runs: drafted ones, the off tier's DECODE
+    forward of offstep.py): the same tokens with the log-probabilities plain serving reports for them, and the same
+    top alternatives."""
+    plain, sage = servers
+    prompts = _prompts(4)
+    params = {"max_new_tokens": 24, "temperature": 0.0}
+    body = {"sampling_params": params, "return_logprob": True, "top_logprobs_num": 2}
+    ref = parallel(lambda p: plain.post("/generate", {"text": p, **body}), prompts)
+    got = parallel(lambda p: sage.post("/generate", {"text": p, **body}), prompts)
+    for r, g in zip(ref, got):
+        assert g["output_ids"] == r["output_ids"]
+        rl, gl = r["meta_info"]["output_token_logprobs"], g["meta_info"]["output_token_logprobs"]
+        assert len(gl) == len(rl) == len(r["output_ids"])
+        for (rv, rt, _), (gv, gt, _) in zip(rl, gl):
+            assert gt == rt and gv == pytest.approx(rv, abs=1e-3)
+        rtop, gtop = r["meta_info"]["output_top_logprobs"], g["meta_info"]["output_top_logprobs"]
+        for ra, ga in zip(rtop, gtop):
+            assert [t for _, t, _ in ga] == [t for _, t, _ in ra]
+            assert [v for v, _, _ in ga] == pytest.approx([v for v, _, _ in ra], abs=1e-3)
+
+
 def test_sampling_requests_are_sampled_not_argmax(servers, kv_start):
     """temperature > 0 on CPU: SGLang 0.5.23 alone would verify greedily (argmax text); with the plugin's CPU
     sampling kernels the SAGE server samples (the kernels' losslessness is tested in tests/unit)."""
