@@ -35,7 +35,7 @@ CONFIGS = {
 NEW_TOKENS = 24
 
 
-def _start(kind: str, launch_env, logs):
+def _start(kind: str, launch_env, logs, *extra: str):
     from sage_plugin.engines.vlm import ensure_qwen_vl_smollm2
 
     target, draft = ensure_qwen_vl_smollm2(kind)
@@ -43,7 +43,7 @@ def _start(kind: str, launch_env, logs):
     plain = Server(["--model-path", str(target), *plain_flags(config)], launch_env, logs / f"{kind}-plain.log")
     try:
         sage = Server(["--config", str(config), "--model-path", str(target),
-                       "--speculative-draft-model-path", str(draft)], launch_env, logs / f"{kind}-sage.log")  # fmt: skip
+                       "--speculative-draft-model-path", str(draft), *extra], launch_env, logs / f"{kind}-sage.log")  # fmt: skip
     except BaseException:
         plain.stop()
         raise
@@ -174,7 +174,10 @@ def test_a_multimodal_draft_is_refused_before_the_server_starts(launch_env, tmp_
 
 
 def test_qwen2_5_vl_image_prompts_equal_plain(launch_env, target_dir, tmp_path):
-    plain, sage = _start("qwen2_5_vl", launch_env, tmp_path)
+    """Qwen2.5-VL with tiers (a probe every 2 steps cycles them): drafted steps and speculation-off steps, whose
+    forward runs as a DECODE forward (offstep.py) with the M-RoPE positions of the verify it replaces."""
+    tiers = ("--sage-tiers", "[[0, 1], [1, 2], [3, 4]]", "--sage-tier-probe-every", "2")
+    plain, sage = _start("qwen2_5_vl", launch_env, tmp_path, *tiers)
     try:
         msgs = [openai_messages(p) for p in load_prompts("vlm", 3)]
         ref = parallel(lambda m: chat(plain, m), msgs)
@@ -184,4 +187,5 @@ def test_qwen2_5_vl_image_prompts_equal_plain(launch_env, target_dir, tmp_path):
         sage.stop()
         plain.stop()
     assert [_answer(g) for g in got] == [_answer(r) for r in ref]
-    assert info["internal_states"][0]["sage"]["sage_rounds"] > 0
+    state = info["internal_states"][0]["sage"]
+    assert state["sage_rounds"] > 0 and state["off_decode_steps"] > 0, state
