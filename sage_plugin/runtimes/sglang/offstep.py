@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
 __all__ = ["DecodeVerifyTarget", "as_decode"]
 
 
@@ -34,8 +36,6 @@ def as_decode(forward_batch: Any) -> Any:
     batch's include the token being decoded.  Anything else (another mode, more than one token per request) is
     returned unchanged.
     """
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
     spec = forward_batch.spec_info
     if not forward_batch.forward_mode.is_target_verify() or getattr(spec, "draft_token_num", None) != 1:
         return forward_batch
