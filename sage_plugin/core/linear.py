@@ -1,47 +1,117 @@
-"""Linear layers on CPU at the few rows decoding and verification produce: weight-major.
+"""Linear layers on CPU at the few rows decoding and verification produce.
 
 ``y = x @ weight.T (+ bias)`` at a few rows is bound by streaming ``weight`` from memory (a decoder's weights do not
-stay in cache from one forward to the next).  On the 2-core AVX2 CPU this project measures on, ``F.linear`` (which
-SGLang's linear methods and ``LogitsProcessor`` and HF's ``nn.Linear`` call) streams it slowly and erratically at
-1-64 rows, while the same product taken weight-major, ``(weight @ x.T).T``, streams it at close to memory speed; a
-single row is duplicated to two because the one-row product takes a slower matrix-vector kernel either way, and
-above 8 rows the product runs at the next multiple of 8 (zero rows, cut off again): at other counts the weight-major
-kernel is slow too (13-15 rows cost more than 16, 31 more than 32).
+stay in cache from one forward to the next); how close a BLAS kernel comes to that bound at 2-16 rows differs by CPU.
+The rule, by rows of ``x`` (float32 on CPU):
 
-Whole forwards of SmolLM2-135M-Instruct (HF, float32, 2 threads, no KV cache, all positions' logits), median ms of
-15, by tokens per forward (``F.linear`` / weight-major)::
+* **1..** :data:`KERNEL_MAX_ROWS` **rows: the rows kernel** (``csrc/rows_linear.cpp``, built for this machine at first
+  use by ``torch.utils.cpp_extension``; ``tools/setup.sh`` builds it once), where the inner size is a multiple of 16
+  and no gradient is wanted.  Every tile of the weight is read once, prefetched ahead, and multiplied into four rows
+  of ``x`` at a time in vector registers.  It is **batch-invariant**: a row's result does not depend on the other rows
+  of the call (each output sums its products in one fixed order), so a tree verify computes the same logits for a
+  token as the decode step that would have produced it.
+* **up to** :data:`MAX_ROWS` **rows otherwise: weight-major** ``(weight @ x.T).T`` (torch's BLAS; also every row
+  count where the kernel cannot be built): a single row is duplicated to two, and above 8 rows the product runs at the
+  next multiple of 8 (zero rows, cut off again).
+* **more rows** (prefill), other devices (cuBLAS picks its own layout), mixed dtypes: ``F.linear``.
 
-    tokens     1     2     3     4     5     6     8     11    16    32    64
-    linear    40.4  65.8  78.8  61.0  54.2  57.3  57.1  74.1  70.5  95.1  146.5
-    weight    26.2  25.5  28.8  26.0  33.7  39.9  45.3  69.7  63.6  87.6  145.5
+Measured by CPU (``python -m sage_plugin.bench.linear_curve``; 2 threads, float32).  On the 2-core AMD EPYC VM of
+earlier sessions, whole SmolLM2-135M-Instruct forwards without KV cache (median ms of 15; before the kernel)::
 
-and of the bundled 4-layer draft: 6.81 / 3.81 ms at 1 token, 10.75 / 3.36 at 2, 9.22 / 3.74 at 4, 8.49 / 5.23 at 8.
-Weight-major unpadded / padded to a multiple of 8 above 8 rows (last position's logits only, median of 9)::
+    tokens        1     2     3     4     5     6     8     11    16    32    64
+    F.linear     40.4  65.8  78.8  61.0  54.2  57.3  57.1  74.1  70.5  95.1  146.5
+    weight-major 26.2  25.5  28.8  26.0  33.7  39.9  45.3  69.7  63.6  87.6  145.5
 
-    tokens     9     10    12    13    15    16    17    19    23    24    31    32    41    47    55    63    64
-    unpadded  47.0  53.9  60.3  73.4  85.9  49.9  63.2  76.0  88.7  63.3  102.2 67.4  96.3  122.1 126.2 143.8 104.9
-    padded    47.7  47.4  48.0  48.5  49.1  48.5  60.8  61.4  60.7  62.1  65.6  65.2  83.2  86.6  97.7  106.3 102.9
+On a 2-core Intel Xeon (Sapphire Rapids, AVX-512, 300 MB L3) weight-major is the slow one.  There, by rows (medians
+of 9, products interleaved): SmolLM2's 211 linear layers in forward order (538 MB of weights, streamed from memory as
+in a forward), and whole HF forwards after 200 cached tokens::
 
-(Timing one layer alone in a loop is misleading: its weight stays in cache there, and weight-major then loses at 1
-and 7-11 rows.)  Above :data:`MAX_ROWS` rows (prefill), and on every other device (cuBLAS picks its own layout),
-``F.linear`` is kept.  The results equal ``F.linear``'s up to float rounding (a row's sum is reduced in another order;
-neither kernel is batch-invariant to the last bit either), so every consumer, plain decoding included, takes the same
+    rows                  1     2     3     4     6     8     12    16    24    32
+    layers  F.linear     20.2  21.4  22.9  33.4  35.2  43.0  49.7  48.0  53.6  60.7
+            weight-major 50.7  50.5  51.4  51.7  52.2  54.3  53.2  56.0  70.2  70.6
+            rows kernel  19.7  19.3  21.0  20.4  24.7  25.3  31.9  39.5  55.3  68.7
+    forward F.linear     33.6  36.6  39.3  49.8  52.6  60.3  71.4  68.4  78.4  87.8
+            weight-major 63.9  64.3  65.8  66.8  68.6  69.5  73.2  74.5  92.5  97.4
+            this rule    35.2  37.1  39.6  40.0  44.4  45.1  53.2  62.0  94.2  97.1
+
+The kernel streams the weights at memory speed up to 4 rows and within 1.3x of it at 8 (a 12-token verify costs 1.5x
+a decode step, 2.1x with ``F.linear``).  Above 16 rows its compute falls behind BLAS's, so those rows keep
+weight-major (on this Xeon ``F.linear`` is 10-20% faster there; on the EPYC it was slower, with spikes at ragged row
+counts).  Results equal ``F.linear``'s up to float rounding; every consumer, plain decoding included, takes the same
 rule: the reference engine's models and EAGLE-3 heads (:func:`sage_plugin.engines.lm.use_fast_linears`), and SGLang's
 linear methods and ``LogitsProcessor`` on CPU (``runtimes/sglang/hooks.py``).
 """
 
 from __future__ import annotations
 
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["MAX_ROWS", "linear"]
+__all__ = ["KERNEL_MAX_ROWS", "MAX_ROWS", "linear", "rows_kernel"]
 
-#: the most rows taken weight-major (measured to 64 above)
+#: the most rows taken by the rows kernel or weight-major (above: F.linear)
 MAX_ROWS = 64
-#: above this many rows the product runs at the next multiple of :data:`PAD_TO` rows (zero rows added, results cut)
+#: weight-major only: above this many rows the product runs at the next multiple of :data:`PAD_TO` rows
 PAD_ABOVE = 8
 PAD_TO = 8
+#: the rows kernel's inner size must be a multiple of this (its widest vector)
+KERNEL_K_MULTIPLE = 16
+#: the most rows the rows kernel takes (above, its compute falls behind BLAS's: weight-major)
+KERNEL_MAX_ROWS = 16
+
+_SOURCE = Path(__file__).with_name("csrc") / "rows_linear.cpp"
+_lock = threading.Lock()
+_kernel: Any = None  # None: not loaded yet; False: cannot be built here
+
+
+def rows_kernel() -> Any:
+    """The compiled rows kernel (``.rows_linear(x, w)``, ``.lanes``), building it on first use; ``None`` where it
+    cannot be built (one warning per process, then weight-major).
+
+    The build (about 30 s, cached by torch under ``~/.cache/torch_extensions``) is named after torch's CPU capability,
+    so machines sharing a cache never load a build for another instruction set.
+    """
+    global _kernel
+    if _kernel is None:
+        with _lock:
+            if _kernel is None:
+                _kernel = _build()
+    return _kernel or None
+
+
+def _build() -> Any:
+    import logging
+
+    # importing cpp_extension on a CPU-only machine logs "No CUDA runtime is found" and, with a driver stub, warns
+    # that the driver is too old: both true, neither a concern of a CPU build
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    isa = torch.backends.cpu.get_cpu_capability().lower()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="CUDA initialization", category=UserWarning)
+            from torch.utils.cpp_extension import load
+
+            return load(
+                name=f"sage_rows_linear_{isa}",
+                sources=[str(_SOURCE)],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                verbose=False,
+            )
+    except Exception as exc:  # no compiler, no ninja: the BLAS rule still holds
+        warnings.warn(
+            f"sage_plugin: the CPU rows kernel could not be built ({exc}); using weight-major products", stacklevel=3
+        )
+        return False
+    finally:
+        log.setLevel(level)
 
 
 def _padded_rows(rows: int) -> int:
@@ -53,22 +123,39 @@ def _padded_rows(rows: int) -> int:
     return rows
 
 
+def _weight_major(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    rows, k = x2.shape
+    padded = _padded_rows(rows)
+    if padded != rows:
+        x2 = torch.cat([x2, x2.new_zeros(padded - rows, k)] if rows > 1 else [x2, x2])  # cat: repeat costs 10 us
+    return torch.mm(weight, x2.t()).t()[:rows].contiguous()
+
+
+def _kernel_applies(x: torch.Tensor, weight: torch.Tensor, rows: int) -> bool:
+    return (
+        rows <= KERNEL_MAX_ROWS
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and weight.is_contiguous()
+        and x.shape[-1] % KERNEL_K_MULTIPLE == 0
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    )
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: ``x [..., K]``, ``weight [N, K]``, ``bias [N]`` -> ``[..., N]`` (contiguous).
 
-    Example: a verify of one request with 5 tree nodes passes the head ``x [1, 5, 576]`` and gets ``[1, 5, 49152]``,
-    computed as ``weight [49152, 576] @ x.T [576, 5]`` then transposed; a decode step's single row ``[1, 576]`` is
-    computed as two copies of itself and the first kept; a 300-token prefill's rows take ``F.linear``.
+    Example: a verify of one request with 5 tree nodes passes the head ``x [1, 5, 576]`` and gets ``[1, 5, 49152]``
+    from the rows kernel (two row tiles, 4 + 1); without the kernel, ``weight [49152, 576] @ x.T [576, 5]``
+    transposed; a 300-token prefill's rows take ``F.linear``.
     """
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     if x.device.type != "cpu" or weight.dim() != 2 or x.dtype != weight.dtype or not 1 <= rows <= MAX_ROWS:
         return F.linear(x, weight, bias)
     x2 = x.reshape(rows, k)
-    padded = _padded_rows(rows)
-    if padded != rows:
-        x2 = torch.cat([x2, x2.new_zeros(padded - rows, k)] if rows > 1 else [x2, x2])  # cat: repeat costs 10 us
-    out = torch.mm(weight, x2.t()).t()[:rows].contiguous()
+    kernel = rows_kernel() if _kernel_applies(x, weight, rows) else None
+    out = kernel.rows_linear(x2.contiguous(), weight) if kernel is not None else _weight_major(x2, weight)
     if bias is not None:
         out.add_(bias)
     return out.reshape(*x.shape[:-1], weight.shape[0])

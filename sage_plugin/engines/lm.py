@@ -142,7 +142,7 @@ def load_causal_lm(path: str | Path, device: str | torch.device = "cpu", dtype: 
 
 
 class RowsLinear(torch.nn.Linear):
-    """``nn.Linear`` computed by :func:`~sage_plugin.core.linear.linear` (weight-major on CPU at a few rows)."""
+    """``nn.Linear`` computed by :func:`~sage_plugin.core.linear.linear` (the rows kernel on CPU at a few rows)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sage_plugin.core.linear import MAX_ROWS, linear
+from sage_plugin.core import linear as lin
+from sage_plugin.core.linear import KERNEL_MAX_ROWS, MAX_ROWS, linear
 from sage_plugin.engines.lm import RowsLinear, use_fast_linears
 from sage_plugin.runtimes.sglang.hooks import compute_lm_head, unquantized_linear
 
@@ -20,7 +21,7 @@ BIG_HEAD = torch.randn(49152, 64, generator=torch.Generator().manual_seed(0))
 @given(
     lead=st.lists(st.integers(1, 4), min_size=1, max_size=3),
     vocab=st.integers(1, 300),
-    hidden=st.integers(1, 40),
+    hidden=st.one_of(st.integers(1, 40), st.sampled_from([16, 32, 48, 64])),  # multiples of 16: the rows kernel
     seed=st.integers(0, 10_000),
     with_bias=st.booleans(),
 )
@@ -41,21 +42,103 @@ def test_a_large_head_at_any_row_count_equals_f_linear(rows):
     torch.testing.assert_close(got, F.linear(x, BIG_HEAD), rtol=1e-5, atol=1e-4)
 
 
-def test_the_weight_major_product_is_taken_at_its_row_counts_only(monkeypatch):
-    """1..MAX_ROWS rows on CPU, same dtypes: weight-major; F.linear otherwise (no rows, more rows, mixed dtypes)."""
-    w = torch.randn(10, 64)
-    calls = []
-    real = F.linear
-    monkeypatch.setattr(F, "linear", lambda x, w, b=None: calls.append(tuple(x.shape)) or real(x, w, b))
-    for rows in (0, 1, 2, MAX_ROWS, MAX_ROWS + 1):
-        linear(torch.randn(rows, 64), w)
-    linear(torch.randn(3, 64, dtype=torch.float64), w.double())  # weight-major: same dtype, in range
+def _paths(monkeypatch) -> list:
+    """Record which product :func:`linear` takes: ``("kernel" | "weight-major" | "F.linear", rows)``."""
+    taken = []
+    kernel = lin.rows_kernel()
+    assert kernel is not None, "the rows kernel builds on every machine the tests run on (tools/setup.sh builds it)"
+    real_f, real_wm = F.linear, lin._weight_major
+
+    class Recording:
+        lanes = kernel.lanes
+
+        @staticmethod
+        def rows_linear(x, w):
+            taken.append(("kernel", x.shape[0]))
+            return kernel.rows_linear(x, w)
+
+    monkeypatch.setattr(lin, "_kernel", Recording)
+    monkeypatch.setattr(
+        F, "linear", lambda x, w, b=None: taken.append(("F.linear", x.numel() // x.shape[-1])) or real_f(x, w, b)
+    )
+    monkeypatch.setattr(lin, "_weight_major", lambda x, w: taken.append(("weight-major", x.shape[0])) or real_wm(x, w))
+    return taken
+
+
+def test_each_row_count_and_layer_takes_its_product(monkeypatch):
+    """Float32, inner size a multiple of 16, 1..KERNEL_MAX_ROWS rows, outside autograd: the rows kernel; up to MAX_ROWS
+    rows otherwise: weight-major; no rows, more rows, another device or mixed dtypes: F.linear."""
+    taken = _paths(monkeypatch)
+    w, w60 = torch.randn(10, 64), torch.randn(10, 60)
+    cases = [
+        (torch.randn(1, 64), w, ("kernel", 1)),
+        (torch.randn(2, 3, 64), w, ("kernel", 6)),
+        (torch.randn(KERNEL_MAX_ROWS, 64), w, ("kernel", KERNEL_MAX_ROWS)),
+        (torch.randn(KERNEL_MAX_ROWS + 1, 64), w, ("weight-major", KERNEL_MAX_ROWS + 1)),
+        (torch.randn(MAX_ROWS, 64), w, ("weight-major", MAX_ROWS)),
+        (torch.randn(MAX_ROWS + 1, 64), w, ("F.linear", MAX_ROWS + 1)),
+        (torch.randn(0, 64), w, ("F.linear", 0)),
+        (torch.randn(3, 60), w60, ("weight-major", 3)),  # inner size not a multiple of 16
+        (torch.randn(3, 64, dtype=torch.float64), w.double(), ("weight-major", 3)),
+        (torch.randn(3, 64), w.t().contiguous().t(), ("weight-major", 3)),  # a weight that is a transposed view
+        (torch.randn(3, 64, requires_grad=True), w, ("weight-major", 3)),  # autograd: the kernel has no backward
+    ]
+    for x, weight, want in cases:
+        got = linear(x, weight)
+        assert taken[-1] == want, (tuple(x.shape), want)
+        torch.testing.assert_close(got, F.linear(x.detach(), weight), rtol=1e-5, atol=1e-4)
     with pytest.raises(RuntimeError):  # mixed dtypes: F.linear's own error, as without the rule
         linear(torch.randn(3, 64, dtype=torch.float64), w)
-    assert calls == [(0, 64), (MAX_ROWS + 1, 64), (3, 64)]
+    assert taken[-1] == ("F.linear", 3)
 
 
-def test_rows_above_eight_run_at_the_next_multiple_of_eight(monkeypatch):
+def test_gradients_flow_through_the_rule():
+    w = torch.randn(10, 64, requires_grad=True)
+    x = torch.randn(3, 64, requires_grad=True)
+    linear(x, w).sum().backward()
+    torch.testing.assert_close(x.grad, w.detach().sum(0).expand(3, -1))
+    torch.testing.assert_close(w.grad, x.detach().sum(0).expand(10, -1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, KERNEL_MAX_ROWS),
+    n=st.integers(1, 70),
+    k16=st.integers(1, 12),
+    seed=st.integers(0, 10_000),
+)
+def test_rows_kernel_is_batch_invariant_and_equals_a_float64_product(rows, n, k16, seed):
+    """Every row of a call equals, bit for bit, that row computed alone (any row count, any output size, tails of
+    the row tiles included), and the products equal a float64 reference to float32 rounding."""
+    kernel = lin.rows_kernel()
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(rows, 16 * k16, generator=g), torch.randn(n, 16 * k16, generator=g)
+    got = kernel.rows_linear(x, w)
+    for r in range(rows):
+        assert torch.equal(got[r : r + 1], kernel.rows_linear(x[r : r + 1].contiguous(), w))
+    torch.testing.assert_close(got, (x.double() @ w.double().t()).float(), rtol=1e-5, atol=1e-4)
+
+
+def test_a_machine_without_the_kernel_takes_weight_major(monkeypatch):
+    monkeypatch.setattr(lin, "_kernel", False)  # as after a failed build
+    assert lin.rows_kernel() is None
+    x, w = torch.randn(3, 64), torch.randn(10, 64)
+    torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-4)
+
+
+def test_a_failed_build_warns_once_and_is_not_retried(monkeypatch):
+    import torch.utils.cpp_extension as ext
+
+    calls = []
+    monkeypatch.setattr(ext, "load", lambda **kw: calls.append(kw["name"]) or (_ for _ in ()).throw(OSError("no c++")))
+    monkeypatch.setattr(lin, "_kernel", None)
+    with pytest.warns(UserWarning, match="could not be built"):
+        assert lin.rows_kernel() is None
+    assert lin.rows_kernel() is None and len(calls) == 1
+    assert calls[0].startswith("sage_rows_linear_")  # named after the instruction set: no other machine's build
+
+
+def test_weight_major_runs_above_eight_rows_at_the_next_multiple_of_eight(monkeypatch):
     """The product runs at 2 rows for 1, as given for 2..8 and multiples of 8, else at the next multiple of 8 (zero
     rows added and cut off again); the result has the caller's rows."""
     w = torch.randn(10, 64)
@@ -65,7 +148,7 @@ def test_rows_above_eight_run_at_the_next_multiple_of_eight(monkeypatch):
     want = {1: 2, 2: 2, 7: 7, 8: 8, 9: 16, 15: 16, 16: 16, 17: 24, 40: 40, 41: 48, 63: 64, MAX_ROWS: MAX_ROWS}
     for rows, runs in want.items():
         x = torch.randn(rows, 64)
-        out = linear(x, w)
+        out = lin._weight_major(x, w)
         assert seen[-1] == runs and out.shape == (rows, 10)
         torch.testing.assert_close(out, F.linear(x, w), rtol=1e-5, atol=1e-4)
 
