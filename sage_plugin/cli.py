@@ -75,9 +75,16 @@ def _bench_parser(sub) -> None:
     p.add_argument("--cache-dir", default=None, help="where converted models are cached")
     p.add_argument("--json", default=None, metavar="PATH", help="write results as JSON")
     p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots")
-    p.add_argument("--sweep-nodes", default=None, metavar="N,N,...",
-                   help="tau at equal node budgets: eagle2, topn, static, sage-paper, sage (and the oracle bound) at "
-                   "each N (with --methods: also those, e.g. ar)")  # fmt: skip
+    p.add_argument(
+        "--sweep-nodes",
+        default=None,
+        metavar="N,N,...",
+        help="tau at equal node budgets: eagle2, topn, static, sage, sage-paper, ... (and the oracle bound) "
+        "at each N (with --methods: also those, e.g. ar)",
+    )
+    p.add_argument("--sweep-methods", default=None, metavar="M,M,...",
+                   help="with --sweep-nodes: only these of eagle2, topn, static, sage, sage-paper, sage-paper-calibrated, "
+                   "sage-rerank, sage-children, sage-auto, oracle (default: all)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -103,7 +110,7 @@ def bench_main(args: argparse.Namespace) -> int:
     fields = {f.name for f in dataclasses.fields(BenchOptions)} - {"progress"}
     opts = BenchOptions(**{name: getattr(args, name) for name in fields}, progress=not args.no_progress)
     if opts.sweep_sizes:  # plain decoding (speed-ups, the oracle) and every tree method at every budget
-        methods = parse_methods(args.methods or "ar", base) + sweep_methods(base, opts.sweep_sizes)
+        methods = parse_methods(args.methods or "ar", base) + sweep_methods(base, opts.sweep_sizes, opts.sweep_names)
     else:
         methods = parse_methods(args.methods or ",".join(DEFAULT_METHODS), base)
     return run_bench(opts, base, methods)

@@ -117,11 +117,12 @@ class SageConfig:
     w_max: int = 10
     n_max: int = 64  # node cap (draft nodes, root excluded)
     rerank_nodes: int = 0  # 0: the tree the levels keep (the paper's); N: its N best nodes by path value
-    # rerank_pool (with rerank_nodes N): kept: rerank the nodes SAGE's levels keep; children: every child of an
-    # expanded node is a candidate (EAGLE-2's pool), Eq. 10-12 choose what to expand; beam: the W best candidates
-    # of each level by path value are expanded, down to d_cap; both expand only nodes in the pool's N best
-    # (N = rerank_nodes, or n_max when 0)
-    rerank_pool: str = "kept"
+    # rerank_pool: which nodes the final rerank (to rerank_nodes N, or n_max when 0) chooses from.  beam (default):
+    # the W(alpha) best candidates of each level by path value are expanded, down to d_cap; children: every child
+    # of a node Eq. 10-12 expand is a candidate (EAGLE-2's pool); both expand only nodes still in the pool's N best.
+    # kept: the nodes SAGE's levels keep (the paper's tree; rerank only with rerank_nodes N).  Not read with topology
+    # planned (its replay keeps the planned tree).  docs/algorithm.md, "What the rerank chooses from"
+    rerank_pool: str = "beam"
     node_budget: str = "auto"  # auto: also the cost-optimal cut under the measured verify cost; fixed: n_max only
     pad_forwards: bool = True  # auto budget: run forwards at the cheapest measured size >= theirs, priced so
     cost_refresh: int = 0  # auto budget: re-price every R rounds from in-loop timing medians; 0: start-up only
@@ -214,9 +215,10 @@ class SageConfig:
         _int_in("tier_off_lag", self.tier_off_lag, 0, 1024)
         _bool("tier_off_decode", self.tier_off_decode)
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
-        if (self.rerank_nodes or self.rerank_pool != "kept") and self.topology == "planned":
+        if self.rerank_nodes and self.topology == "planned":
             raise ConfigError(
-                "rerank_nodes and rerank_pool work with topology online (the planned replay keeps its planned tree)"
+                "rerank_nodes works with topology online (the planned replay keeps its planned tree, and reads no "
+                f"rerank_pool): leave it 0 with topology planned, got {self.rerank_nodes}"
             )
         if self.calibration and self.topology == "planned":
             raise ConfigError("calibration works with topology online (the planned replay ranks by draft probability)")

@@ -72,6 +72,7 @@ class BenchOptions:
     json: str | None = None
     plots: str | None = None
     sweep_nodes: str | None = None
+    sweep_methods: str | None = None
     progress: bool = True
 
     @property
@@ -92,6 +93,11 @@ class BenchOptions:
         if any(n < 1 for n in sizes):
             raise ConfigError(f"--sweep-nodes must be positive, got {self.sweep_nodes!r}")
         return sizes
+
+    @property
+    def sweep_names(self) -> list[str] | None:
+        """The ``--sweep-methods`` kept (None: all of :data:`~.sweep.SWEEP_METHODS`)."""
+        return [m.strip() for m in self.sweep_methods.split(",") if m.strip()] if self.sweep_methods else None
 
     @property
     def cache(self) -> Path:
@@ -264,11 +270,14 @@ def print_report(summary: dict, opts: BenchOptions, engine: SpecEngine) -> None:
         )
 
 
-def _sweep(results: dict, setup: BenchSetup, base: SageConfig, sizes: list[int]) -> dict:
-    """The sweep's summary, with the oracle bound where plain decoding ran and the draft is a text model."""
+def _sweep(results: dict, setup: BenchSetup, base: SageConfig, sizes: list[int], names: list[str] | None) -> dict:
+    """The sweep's summary, with the oracle bound (where asked for) where plain decoding ran and the draft is a text
+    model."""
     oracle = None
     ar, draft = results.get("ar"), setup.engine.draft
-    if ar is not None and type(draft) is TextModel:  # a text draft that reads the prompt as the target does
+    if (
+        ar is not None and type(draft) is TextModel and (names is None or "oracle" in names)
+    ):  # a text draft that reads the prompt as the target does
         prompts = [r.prompt_ids for r in setup.requests]
         outs = [ar.outputs[r.request_id] for r in setup.requests]
         oracle = {n: oracle_tau(draft.sequence_logits, prompts, outs, base.k, n) for n in sizes}
@@ -332,7 +341,7 @@ def run_bench(opts: BenchOptions, base: SageConfig, methods: list[MethodSpec]) -
     summary = summarize(results, config, setup.categories)
     print_report(summary, opts, setup.engine)
     if opts.sweep_sizes:
-        summary["sweep"] = _sweep(results, setup, base, opts.sweep_sizes)
+        summary["sweep"] = _sweep(results, setup, base, opts.sweep_sizes, opts.sweep_names)
         print(
             "\ntau (mean verified nodes) at an equal node budget N:\n" + sweep_table(summary["sweep"], opts.sweep_sizes)
         )

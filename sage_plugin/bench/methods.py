@@ -27,12 +27,14 @@ from ..engines.support import REFERENCE_SUPPORT
 __all__ = ["MethodSpec", "parse_method", "parse_methods", "DEFAULT_METHODS", "ABLATIONS", "TUNED"]
 
 #: ``sage`` sizes its trees to this device's measured verify cost (``node_budget="auto"``); ``sage-paper`` is SAGE
-#: with the paper's fixed budget (every node it builds is verified, up to ``n_max``), the setting the baselines use.
+#: as the paper runs it: every node its levels keep is verified, up to ``n_max`` (``node_budget="fixed"``,
+#: ``rerank_pool="kept"``), the setting the baselines use.
 DEFAULT_METHODS = ("ar", "chain", "static", "eagle2", "sage", "sage-paper")
 
 #: Named ablations (docs/algorithm.md: the components and the open points), usable as ``--methods`` entries.
 ABLATIONS: dict[str, str] = {
-    "sage-paper": "sage:node_budget=fixed",
+    "sage-paper": "sage:node_budget=fixed,rerank_pool=kept",
+    "sage-kept": "sage:rerank_pool=kept",  # the tree SAGE's levels keep, cut to the device (no beam pool)
     "sage-entropy-only": "sage:use_history=false",
     "sage-history-only": "sage:use_entropy=false",
     "sage-fixed": "sage:use_entropy=false,use_history=false",
@@ -44,14 +46,14 @@ ABLATIONS: dict[str, str] = {
     "sage-no-top1": "sage:keep_top1=false",
     "sage-planned": "sage:topology=planned",
     "sage-history-relative": "sage:history_mode=relative",  # thresholds relative to the draft's running mean
-    "sage-paper-relative": "sage:node_budget=fixed,history_mode=relative",
+    "sage-paper-relative": "sage:node_budget=fixed,rerank_pool=kept,history_mode=relative",
     "sage-unpadded": "sage:pad_forwards=false",  # forwards at their own size, priced by the running maximum
     "sage-dcap8": "sage:d_cap=8",
     "sage-dcap12": "sage:d_cap=12",
     "sage-nmax32": "sage:n_max=32",
     "sage-nmax96": "sage:n_max=96",
     # SAGE verifying at most as many nodes as the static tree (mc_sim_7b_63: 25): tau at an equal node budget
-    "sage-paper-nmax25": "sage:node_budget=fixed,n_max=25",
+    "sage-paper-nmax25": "sage:node_budget=fixed,rerank_pool=kept,n_max=25",
     "static-depth8-chain": "chain:chain_depth=8",
 }
 

@@ -2,30 +2,31 @@
 
 At each budget ``N`` (draft nodes verified per round, root excluded):
 
-==============  ==========================================================================================
-method          configuration at budget N
-==============  ==========================================================================================
-``eagle2``      EAGLE-2's expansion, rerank to ``eagle_total_tokens = N``
-``topn``        OPT-Tree's top-N tree, ``topn_nodes = N``
-``static``      the static tree cut to its first N rank paths in level order (ancestor-closed; at most 25)
-``sage-paper``  SAGE verifying every node it builds, ``n_max = N`` (``node_budget: fixed``)
-``sage-paper-   the same with a calibration table fitted for the draft before the run (``sage-calibrated``)
-calibrated``
-``sage-rerank``  SAGE's shaped tree built up to ``n_max = max(N, 64)`` nodes, then its N best by path value
-                (``rerank_nodes = N``: EAGLE-2's rerank inside SAGE's shape)
-``sage-         every child of a node SAGE's rules expand is a candidate, the N best verified
-children``      (``rerank_pool: children``, ``rerank_nodes = N``)
-``sage-beam``   the alpha-shaped width ``W`` of best candidates grows at each level, while it can still enter the N
-                best, down to ``d_cap`` (``rerank_pool: beam``, ``rerank_nodes = N``)
-``sage``        SAGE sized to this device (``node_budget: auto``), ``n_max = N``
-``oracle``      the bound: the longest run of the target's own tokens the draft's top-k candidates contained,
-                at most N deep (a chain of target-matching candidates is the best tree any selection can verify)
-==============  ==========================================================================================
+=========================  ===============================================================================================
+method                     configuration at budget N
+=========================  ===============================================================================================
+``eagle2``                 EAGLE-2's expansion, rerank to ``eagle_total_tokens = N``
+``topn``                   OPT-Tree's top-N tree, ``topn_nodes = N``
+``static``                 the static tree cut to its first N rank paths in level order (ancestor-closed; at most 25)
+``sage``                   SAGE as configured (``--config`` / ``--set``, else the defaults: ``rerank_pool: beam``)
+                           verifying ``n_max = N`` nodes (``node_budget: fixed``)
+``sage-paper``             the paper's rule: SAGE verifying every node its levels keep, ``n_max = N``
+                           (``rerank_pool: kept``, ``rerank_nodes: 0``, ``node_budget: fixed``)
+``sage-paper-calibrated``  the same with a calibration table fitted for the draft before the run (``sage-calibrated``)
+``sage-rerank``            SAGE's kept tree built up to ``n_max = max(N, 64)`` nodes, then its N best by path value
+                           (``rerank_pool: kept``, ``rerank_nodes = N``: EAGLE-2's rerank inside SAGE's shape)
+``sage-children``          every child of a node SAGE's rules expand is a candidate, the N best verified
+                           (``rerank_pool: children``, ``rerank_nodes = N``)
+``sage-auto``              SAGE sized to this device (``node_budget: auto``), ``n_max = N``: it verifies fewer
+``oracle``                 the bound: the longest run of the target's own tokens the draft's top-k candidates contained,
+                           at most N deep (a chain of target-matching candidates is the best tree any selection can verify)
+=========================  ===============================================================================================
 
 SAGE's first round keeps the budget (``first_round_static: false``: the static first tree has 25 nodes).  The oracle
 needs no extra target work: the draft reads the plain-decoding output once, teacher-forced, and a candidate "matches"
-where the target's next token is in the draft's top-k.  Results: ``"sweep": {METHOD: {"N": {"tau", "mean_nodes",
-"exact_match"}}}`` in the JSON, a table, and ``tau_by_nodes.png``.
+where the target's next token is in the draft's top-k.  ``--sweep-methods`` keeps some of the methods (default all).
+Results: ``"sweep": {METHOD: {"N": {"tau", "mean_nodes", "exact_match"}}}`` in the JSON, a table, and
+``tau_by_nodes.png``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Callable
 
 import torch
 
-from ..config import SageConfig
+from ..config import ConfigError, SageConfig
 from .methods import MethodSpec
 from .run import MethodResult
 from .tune import static_cut
@@ -43,29 +44,35 @@ from .tune import static_cut
 __all__ = ["SWEEP_METHODS", "oracle_tau", "sweep_methods", "sweep_summary", "sweep_table", "write_sweep_plot"]
 
 SWEEP_METHODS = (
-    "eagle2", "topn", "static", "sage-paper", "sage-paper-calibrated", "sage-rerank", "sage-children", "sage-beam",
-    "sage", "oracle",
+    "eagle2", "topn", "static", "sage", "sage-paper", "sage-paper-calibrated", "sage-rerank", "sage-children",
+    "sage-auto", "oracle",
 )  # fmt: skip
 
 
-def sweep_methods(base: SageConfig, sizes: list[int]) -> list[MethodSpec]:
-    """The configurations of :data:`SWEEP_METHODS` (oracle excluded) at each budget, named ``METHOD@N``."""
+def sweep_methods(base: SageConfig, sizes: list[int], names: list[str] | None = None) -> list[MethodSpec]:
+    """The configurations of :data:`SWEEP_METHODS` (``names`` of them, default all; the oracle is computed, not run) at
+    each budget, named ``METHOD@N``."""
+    names = list(SWEEP_METHODS) if names is None else names
+    unknown = sorted(set(names) - set(SWEEP_METHODS))
+    if unknown:
+        raise ConfigError(f"--sweep-methods: unknown {', '.join(unknown)}; choose from {', '.join(SWEEP_METHODS)}")
     out = []
     for n in sizes:
         sage = dict(policy="sage", n_max=n, first_round_static=False)
+        paper = dict(sage, node_budget="fixed", rerank_pool="kept", rerank_nodes=0)
         configs = {
             "eagle2": dict(policy="eagle2", eagle_total_tokens=n),
             "topn": dict(policy="topn", topn_nodes=n),
             "static": dict(policy="static", static_tree=[list(p) for p in static_cut(base, n)]),
-            "sage-paper": dict(sage, node_budget="fixed"),
-            "sage-rerank": dict(sage, n_max=max(n, 64), rerank_nodes=n, node_budget="fixed"),
-            "sage-children": dict(sage, n_max=max(n, 64), rerank_nodes=n, rerank_pool="children", node_budget="fixed"),
-            "sage-beam": dict(sage, rerank_nodes=n, rerank_pool="beam", node_budget="fixed"),
-            "sage": dict(sage, node_budget="auto"),
+            "sage": dict(sage, node_budget="fixed"),
+            "sage-paper": paper,
+            "sage-rerank": dict(paper, n_max=max(n, 64), rerank_nodes=n),
+            "sage-children": dict(paper, n_max=max(n, 64), rerank_nodes=n, rerank_pool="children"),
+            "sage-auto": dict(sage, node_budget="auto"),
         }
-        out += [MethodSpec(f"{name}@{n}", base.replace(**cfg)) for name, cfg in configs.items()]
-        # fitted before the run on the bundled tuning prompts (one table for every N)
-        out.append(MethodSpec(f"sage-paper-calibrated@{n}", base.replace(**sage, node_budget="fixed"), tuned=True))
+        out += [MethodSpec(f"{name}@{n}", base.replace(**cfg)) for name, cfg in configs.items() if name in names]
+        if "sage-paper-calibrated" in names:  # fitted before the run on the bundled tuning prompts (one table)
+            out.append(MethodSpec(f"sage-paper-calibrated@{n}", base.replace(**paper), tuned=True))
     return out
 
 

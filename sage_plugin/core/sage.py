@@ -33,7 +33,13 @@ from .tree import DraftTree
 if TYPE_CHECKING:
     from ..config import SageConfig
 
-__all__ = ["SagePolicy", "sage_level_selection"]
+__all__ = ["SagePolicy", "pool_of", "sage_level_selection"]
+
+
+def pool_of(cfg: SageConfig) -> str:
+    """The pool SAGE builds (``rerank_pool``): ``kept`` under ``topology: planned``, whose replay keeps the planned
+    tree whatever ``rerank_pool`` says."""
+    return "kept" if cfg.topology == "planned" else cfg.rerank_pool
 
 
 def sage_level_selection(
@@ -52,7 +58,7 @@ def sage_level_selection(
         lp(c.parent_joint, c.parent_joint_topk),
     )
     order = budget_key(cfg, c.joint.flatten(1))
-    chosen = pool.count if cfg.rerank_pool == "kept" else (~torch.isnan(pool.conf[:, :-1])).sum(1)
+    chosen = pool.count if pool_of(cfg) == "kept" else (~torch.isnan(pool.conf[:, :-1])).sum(1)
     keep = level_keep(
         cfg, c.level, c.valid.flatten(1), c.ranks.flatten(1), probs, order, plan.depth, plan.width, chosen - 1
     ).view_as(c.valid)
@@ -89,7 +95,7 @@ class SagePolicy(FixedShapePolicy):
         ``rerank_pool="children"`` the k children of at most k expanded nodes per level."""
         # children / beam: at most pooled_width_for(cfg) nodes of a level grow, each proposing k children
         pooled = cfg.k * (1 + (cls.max_depth_for(cfg) - 1) * cls.pooled_width_for(cfg))
-        built = cfg.n_max if cfg.rerank_pool == "kept" else pooled
+        built = cfg.n_max if pool_of(cfg) == "kept" else pooled
         return max(built, StaticPolicy.max_nodes_for(cfg) if cfg.first_round_static else 0)
 
     @classmethod
@@ -108,7 +114,7 @@ class SagePolicy(FixedShapePolicy):
     @staticmethod
     def rerank_total(cfg: SageConfig) -> int:
         """Nodes the final rerank keeps: ``rerank_nodes``, else ``n_max`` for a pooled ``rerank_pool``, else 0 (none)."""
-        return cfg.rerank_nodes or (cfg.n_max if cfg.rerank_pool != "kept" else 0)
+        return cfg.rerank_nodes or (cfg.n_max if pool_of(cfg) != "kept" else 0)
 
     @classmethod
     def uses_static_tree(cls, cfg: SageConfig) -> bool:
@@ -118,7 +124,7 @@ class SagePolicy(FixedShapePolicy):
         super().__init__(cfg)
         self.static = StaticPolicy(cfg) if cfg.first_round_static else None
         self.pool_capacity = self.pool_nodes_for(cfg) + 1
-        self.pooled = cfg.rerank_pool != "kept"
+        self.pooled = pool_of(cfg) != "kept"
         self.frontier_capacity = self.pooled_width_for(cfg) if self.pooled else self.pool_capacity - 1
         self.wants_cost = cfg.node_budget == "auto"
         self.pad_forwards = self.wants_cost and cfg.pad_forwards
@@ -136,7 +142,7 @@ class SagePolicy(FixedShapePolicy):
         first = state.first_round & (self.static is not None)
         if self.static is not None:
             depth = torch.where(first, self.static.max_depth, depth)
-        if self.cfg.rerank_pool == "beam":  # the beam grows while its nodes can still be verified
+        if pool_of(self.cfg) == "beam":  # the beam grows while its nodes can still be verified
             depth = torch.where(first, depth, self.max_depth)
         planned = state.planned if self.cfg.topology == "planned" else None
         if planned is not None:  # the planned tree's own depth
@@ -163,7 +169,7 @@ class SagePolicy(FixedShapePolicy):
         # every child is a rerank candidate (a static first round keeps its own tree: first_round is False without)
         first = plan.first_round[:, None, None]
         keep = torch.where(first, keep, c.valid)
-        if self.cfg.rerank_pool == "beam":  # the W best of the level by path value grow, to the deepest level
+        if pool_of(self.cfg) == "beam":  # the W best of the level by path value grow, to the deepest level
             beam = budget_top_n(c.valid.flatten(1), c.joint.flatten(1), plan.width).view_as(c.valid)
             expand = torch.where(first, expand, beam)
         frontier = append(pool, c, keep, expand, order, self.pool_capacity - 1)

@@ -138,7 +138,7 @@ class SpecEngine:
         t0 = time.perf_counter()
         width = min(policy.frontier_capacity, 4)  # a typical level: SAGE narrows from W (2-10) with depth
         samples = measure_cost_samples(
-            self.target, self.draft, tstate, dstate, policy.pool_capacity - 1, width, sync=self._sync,
+            self.target, self.draft, tstate, dstate, policy.tree_capacity - 1, width, sync=self._sync,
             pad=policy.pad_forwards, max_width=policy.frontier_capacity, refresh=policy.cfg.cost_refresh,
         )  # fmt: skip
         self.round_costs[key] = samples.cost()
@@ -148,8 +148,9 @@ class SpecEngine:
 
     @staticmethod
     def cost_key(policy: TreePolicy, batch: int) -> tuple[int, int, int, bool, int]:
-        """``(batch, max tree nodes, frontier capacity, padded, cost_refresh)``: a curve per shape and refresh."""
-        return batch, policy.pool_capacity - 1, policy.frontier_capacity, policy.pad_forwards, policy.cfg.cost_refresh
+        """``(batch, max tree nodes, frontier capacity, padded, cost_refresh)``: a curve per shape and refresh (the
+        verified tree's capacity: a pooled policy's pool holds more candidates than it verifies)."""
+        return batch, policy.tree_capacity - 1, policy.frontier_capacity, policy.pad_forwards, policy.cfg.cost_refresh
 
     def _timed_forward(self, model: EngineModel, kind: str, size: int, *args) -> torch.Tensor:
         """``model.forward(*args)``, timed into the live cost samples when this decode keeps them."""

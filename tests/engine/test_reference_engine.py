@@ -151,9 +151,11 @@ def test_round_cost_is_measured_once_per_batch_size(engine):
     fresh.generate(_requests(2), sp, pol)
     assert fresh.last_profile_s > 0
     ((key, cost),) = fresh.round_costs.items()
-    assert key == fresh.cost_key(pol, 2) == (2, pol.pool_capacity - 1, pol.frontier_capacity, True, 0)
+    # the curve covers the verified tree (the beam's pool holds more candidates than it verifies)
+    assert key == fresh.cost_key(pol, 2) == (2, pol.tree_capacity - 1, pol.frontier_capacity, True, 0)
+    assert pol.tree_capacity < pol.pool_capacity
     v = cost.verify_ms
-    assert v.shape == (pol.pool_capacity,) and bool(torch.isfinite(v[:2]).all()) and bool((v[1:] >= v[:-1]).all())
+    assert v.shape == (pol.tree_capacity,) and bool(torch.isfinite(v[:2]).all()) and bool((v[1:] >= v[:-1]).all())
     assert cost.draft_ms > 0
     fresh.generate(_requests(2), sp, pol)
     assert fresh.last_profile_s == 0.0 and len(fresh.round_costs) == 1
@@ -172,7 +174,7 @@ def test_in_loop_cost_refresh_times_the_rounds_and_stays_lossless(engine):
     out = fresh.generate(reqs, sp, pol)
     assert {o.request_id: o.tokens for o in out} == ref
     ((key, samples),) = fresh.cost_samples.items()
-    assert samples.rounds == max(len(o.rounds) for o in out) and samples.used <= set(range(pol.pool_capacity))
+    assert samples.rounds == max(len(o.rounds) for o in out) and samples.used <= set(range(pol.tree_capacity))
     assert samples.used, "verify forwards were timed in the loop"
     timed_before = sum(len(d) for d in samples.verify.values())
     out = fresh.generate(reqs, sp, pol)

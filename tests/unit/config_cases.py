@@ -20,7 +20,7 @@ OTHER_VALUES: dict[str, list] = {
     "pad_forwards": [False],
     "cost_refresh": [16, 1],
     "rerank_nodes": [8],
-    "rerank_pool": ["children", "beam"],
+    "rerank_pool": ["children", "kept"],
     "calibration": [((0.2, 0.6), (0.4, 0.9))],
     "tiers": [((0, 1), (2, 5)), ((3, 8),)],
     "tier_probe_every": [4, 0],

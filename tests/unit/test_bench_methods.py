@@ -15,7 +15,7 @@ def test_variant_options_continue_across_commas():
     joint = specs[2].config
     assert (joint.policy, joint.threshold_on, joint.node_budget, joint.theta0) == ("sage", "joint", "fixed", 0.2)
     assert specs[3].config == base  # the option list of "joint" ended where "sage" began
-    assert specs[4].config == base.replace(node_budget="fixed")
+    assert specs[4].config == base.replace(node_budget="fixed", rerank_pool="kept")  # the paper's rule
 
 
 def test_unnamed_variant_and_ablations_in_one_list():

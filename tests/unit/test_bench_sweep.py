@@ -2,35 +2,44 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sage_plugin.bench.report import category_table, summarize
 from sage_plugin.bench.run import MethodResult
 from sage_plugin.bench.sweep import oracle_tau, sweep_methods, sweep_summary, sweep_table
-from sage_plugin.config import SageConfig
+from sage_plugin.config import ConfigError, SageConfig
 from sage_plugin.engines.speculative import RoundLog
 
 
 def test_sweep_methods_hold_every_budget():
     methods = sweep_methods(SageConfig(), [4, 32])
     specs = {s.name: s.config for s in methods}
-    names = ("eagle2", "topn", "static", "sage-paper", "sage-paper-calibrated", "sage-rerank", "sage-children",
-             "sage-beam", "sage")  # fmt: skip
+    names = ("eagle2", "topn", "static", "sage", "sage-paper", "sage-paper-calibrated", "sage-rerank", "sage-children",
+             "sage-auto")  # fmt: skip
     assert set(specs) == {f"{m}@{n}" for m in names for n in (4, 32)}
     assert {s.name for s in methods if s.tuned} == {"sage-paper-calibrated@4", "sage-paper-calibrated@32"}
     assert specs["sage-paper-calibrated@4"] == specs["sage-paper@4"]  # until the bench fits its table
     assert specs["sage-rerank@4"].max_tree_nodes == 4 and specs["sage-rerank@4"].n_max == 64
-    for pool in ("children", "beam"):
-        cfg = specs[f"sage-{pool}@4"]
-        assert cfg.max_tree_nodes == 4 and cfg.rerank_pool == pool and cfg.node_budget == "fixed"
+    assert specs["sage-rerank@4"].rerank_pool == "kept" and specs["sage-children@4"].rerank_pool == "children"
     for n in (4, 32):
         assert specs[f"eagle2@{n}"].max_tree_nodes == n and specs[f"topn@{n}"].max_tree_nodes == n
-        assert specs[f"sage-paper@{n}"].max_tree_nodes == n == specs[f"sage@{n}"].max_tree_nodes  # no 25-node round 1
-        assert specs[f"sage-paper@{n}"].node_budget == "fixed" and specs[f"sage@{n}"].node_budget == "auto"
+        for m in ("sage-paper", "sage", "sage-auto", "sage-children"):
+            assert specs[f"{m}@{n}"].max_tree_nodes == n, m  # no 25-node round 1
+        assert specs[f"sage-paper@{n}"].node_budget == "fixed" and specs[f"sage-paper@{n}"].rerank_pool == "kept"
+        assert specs[f"sage@{n}"] == SageConfig(n_max=n, first_round_static=False, node_budget="fixed")  # the defaults
+        assert specs[f"sage-auto@{n}"].node_budget == "auto"
     static4 = specs["static@4"].static_tree
     assert static4 == ((0,), (1,), (2,), (3,))  # level order: the first 4 rank paths
     cut = specs["static@32"].static_tree
     assert len(cut) == 25 and all(len(p) == 1 or p[:-1] in cut for p in cut)  # the whole tree, ancestor-closed
+
+
+def test_sweep_methods_keep_the_named_ones():
+    specs = sweep_methods(SageConfig(), [8], ["eagle2", "sage", "oracle"])
+    assert [s.name for s in specs] == ["eagle2@8", "sage@8"]
+    with pytest.raises(ConfigError, match="--sweep-methods: unknown sage-beam"):
+        sweep_methods(SageConfig(), [8], ["sage-beam"])
 
 
 def _logits_with_topk(ranks: list[bool], vocab: int = 8):

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from sage_plugin.config import MC_SIM_7B_63, ConfigError, SageConfig, from_mapping
+from sage_plugin.core.sage import pool_of
 
 # field -> bad values (each alone, all other fields at their defaults)
 BAD_VALUES: dict[str, list] = {
@@ -173,11 +174,17 @@ def test_replace():
         cfg.replace(bogus=1)
 
 
-@pytest.mark.parametrize("change", [dict(rerank_nodes=8), dict(rerank_pool="children"), dict(rerank_pool="beam")])
-def test_reranking_needs_the_online_topology(change):
-    SageConfig().replace(**change)  # online: accepted
-    with pytest.raises(ConfigError, match="rerank_nodes and rerank_pool work with topology online"):
-        SageConfig(topology="planned").replace(**change)
+def test_reranking_needs_the_online_topology():
+    SageConfig().replace(rerank_nodes=8)  # online: accepted
+    with pytest.raises(ConfigError, match="rerank_nodes works with topology online"):
+        SageConfig(topology="planned").replace(rerank_nodes=8)
+
+
+@pytest.mark.parametrize("pool", ["kept", "children", "beam"])
+def test_the_planned_topology_builds_the_kept_tree_whatever_the_pool(pool):
+    planned = SageConfig(topology="planned", rerank_pool=pool)
+    assert pool_of(planned) == "kept" and pool_of(SageConfig(rerank_pool=pool)) == pool
+    assert planned.max_tree_nodes == SageConfig(topology="planned", rerank_pool="kept").max_tree_nodes
 
 
 def test_derived_sizes():
@@ -185,7 +192,8 @@ def test_derived_sizes():
     assert SageConfig(use_history=False).max_tree_depth == 8
     assert SageConfig(use_history=False, d_max=4, d_cap=4, first_round_static=True).max_tree_depth == 5
     assert SageConfig(use_history=False, d_max=4, d_cap=4, first_round_static=False).max_tree_depth == 4
-    assert SageConfig(n_max=10).max_tree_nodes == 25
+    assert SageConfig(n_max=10, rerank_pool="kept").max_tree_nodes == 25  # the static first round is not cut
+    assert SageConfig(n_max=10).max_tree_nodes == 10  # the beam's rerank to n_max cuts every round, the first too
     assert SageConfig(n_max=10, first_round_static=False).max_tree_nodes == 10
     assert SageConfig(policy="eagle2").max_tree_nodes == 60
     assert SageConfig(policy="chain", chain_depth=4).max_tree_nodes == 4

@@ -139,10 +139,12 @@ def _build(cfg: SageConfig, seed: int, bsz: int = 3):
     return pol, plan, pool
 
 
+@pytest.mark.parametrize("pool_kind", ["kept", "beam"])
 @pytest.mark.parametrize("seed", range(6))
-def test_sage_auto_cut_is_the_naive_best_first_cut_and_a_tree(seed):
-    pol, plan, pool = _build(SageConfig(), seed)
-    full = pol.finalize(plan, pool)  # no measured cost: the whole tree (the paper's behaviour)
+def test_sage_auto_cut_is_the_naive_best_first_cut_and_a_tree(seed, pool_kind):
+    cfg = SageConfig(rerank_pool=pool_kind)
+    pol, plan, pool = _build(cfg, seed)
+    full = pol.finalize(plan, pool)  # no measured cost: the whole tree (kept, the paper's) or its n_max best (beam)
     n_nodes = pol.pool_capacity - 1
     round_ms = RoundCost(30.0 + 4.0 * torch.arange(n_nodes + 1, dtype=torch.float32), 3.0).round_ms(4, n_nodes)
     cut = pol.finalize(plan, pool, round_ms)
@@ -161,7 +163,7 @@ def test_sage_auto_cut_is_the_naive_best_first_cut_and_a_tree(seed):
         assert sorted(cut.source[b, 1:n].tolist()) == sorted(kept)
         parents = cut.parents[b, :n].tolist()
         assert parents[0] == -1 and all(0 <= parents[i] < i for i in range(1, n)), "ancestor-closed, level order"
-        assert int(full.num_nodes[b]) == len(rows[b]) + 1
+        assert int(full.num_nodes[b]) == 1 + (len(rows[b]) if pool_kind == "kept" else min(len(rows[b]), cfg.n_max))
 
 
 def test_sage_auto_keeps_everything_on_a_flat_cost_and_fixed_ignores_cost():

@@ -23,6 +23,7 @@ from sage_plugin.config import MC_SIM_7B_63, SageConfig
 from sage_plugin.core.expand import new_pool
 from sage_plugin.core.policies import POLICIES, PolicyState, build_policy, policy_class
 from sage_plugin.core.reference import build_tree_ref, greedy_verify_ref, init_state_ref, observe_ref
+from sage_plugin.core.sage import pool_of
 from sage_plugin.core.tree import choices_from_tree
 from sage_plugin.core.verify import greedy_verify
 
@@ -236,9 +237,9 @@ def run_ref(cfg: SageConfig, world: World, req: int, rounds: int):
 def policy_budget(cfg: SageConfig, first_round: bool) -> int:
     if cfg.policy == "sage":
         static = first_round and cfg.first_round_static
-        pooled = cfg.rerank_pool != "kept"  # every child pooled: only the rerank bounds the tree
+        pooled = pool_of(cfg) != "kept"  # every child pooled: only the rerank bounds the tree
         built = len(cfg.static_tree) if static else 1024 if pooled else cfg.n_max
-        total = cfg.rerank_nodes or (cfg.n_max if cfg.rerank_pool != "kept" else 0)
+        total = cfg.rerank_nodes or (cfg.n_max if pool_of(cfg) != "kept" else 0)
         return min(built, total) if total else built
     return policy_class(cfg.policy).max_nodes_for(cfg)
 
@@ -508,8 +509,9 @@ def _example_world():
 def test_policies_docstring_worked_example():
     names, t, probs = _example_world()
     cfg = SageConfig(
-        policy="sage", k=4, d_min=2, d_max=2, w_min=2, w_max=2, theta0=0.1, use_history=False, first_round_static=False
-    )
+        policy="sage", k=4, d_min=2, d_max=2, w_min=2, w_max=2, theta0=0.1, use_history=False, first_round_static=False,
+        rerank_pool="kept",  # the example is the paper's levels (Eq. 10-12), not the beam pool
+    )  # fmt: skip
     expected = {("a",), ("b",), ("a", "e"), ("b", "g")}
     # reference
     ref = build_tree_ref(cfg, 0, probs(()), probs, 0.5, 2, True)
@@ -564,13 +566,13 @@ class PerfectWorld(World):
 
 
 @pytest.mark.parametrize("top1", [0.5, 0.6, 0.7])
-def test_sage_default_goes_deep_with_a_perfect_draft(top1):
-    """SAGE's defaults build the top-1 path to the planned depth D every round, so a perfect draft's rounds accept D
-    tokens (deep when confident, Eq. 10).  The joint reading of theta_l (open point 4) stops that path where its
-    probability top1^l falls under theta0 * l / D, short of D: why the default compares theta_l with the node's own
-    probability (see sage_plugin.config)."""
+def test_sage_levels_go_deep_with_a_perfect_draft(top1):
+    """SAGE's levels (Eq. 10-12 with the default options, the tree they keep) build the top-1 path to the planned
+    depth D every round, so a perfect draft's rounds accept D tokens (deep when confident, Eq. 10).  The joint reading
+    of theta_l (open point 4) stops that path where its probability top1^l falls under theta0 * l / D, short of D: why
+    the default compares theta_l with the node's own probability (see sage_plugin.config)."""
     world = PerfectWorld(3, top1)
-    default = SageConfig()  # the shipped defaults (no cost passed here: every built node is verified)
+    default = SageConfig(rerank_pool="kept")  # the levels' own tree (no cost passed here: every built node verified)
     assert default.threshold_on == "conditional"
     rounds = {}
     for reading in ("conditional", "joint"):

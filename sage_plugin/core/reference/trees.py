@@ -137,13 +137,18 @@ def _select_sage(cfg, lv: _Level, m: Margin) -> list[tuple[RefNode, bool]]:
     return [(by_pos[c.position], lv.level < lv.depth) for c in kept]
 
 
+def _pool(cfg) -> str:
+    """The pool SAGE builds: the planned replay keeps its planned tree whatever ``rerank_pool`` says."""
+    return "kept" if cfg.topology == "planned" else cfg.rerank_pool
+
+
 def _select_sage_pool(cfg, lv: _Level, m: Margin) -> list[tuple[RefNode, bool]]:
     """``rerank_pool`` children / beam: every candidate, in priority order, with SAGE's or the beam's expansion."""
     if cfg.budget_order == "best_first":
         ordered = sorted(lv.cands, key=lambda item: (-item[1].joint, item[0]))
     else:
         ordered = sorted(lv.cands, key=lambda item: item[0])
-    if cfg.rerank_pool == "beam":
+    if _pool(cfg) == "beam":
         beam = sorted(lv.cands, key=lambda item: (-item[1].joint, item[0]))
         if len(beam) > lv.width:
             m.ratio(beam[lv.width - 1][1].joint, beam[lv.width][1].joint, "beam cut")
@@ -310,14 +315,14 @@ def build_tree_ref(
         static_depth = max(len(p) for p in cfg.static_tree)
         if static_first:
             depth = static_depth
-        elif cfg.rerank_pool == "beam":
+        elif _pool(cfg) == "beam":
             depth = max(cfg.d_cap if cfg.use_history else cfg.d_max, static_depth if cfg.first_round_static else 0)
     else:
         sizes = {"eagle2": cfg.eagle_depth, "chain": cfg.chain_depth, "static": max(len(p) for p in cfg.static_tree),
                  "topn": cfg.topn_max_depth}  # fmt: skip
         depth, width, alpha = sizes[cfg.policy], cfg.k, state_alpha
     select = SELECTORS["static" if static_first else cfg.policy]
-    pooled = cfg.policy == "sage" and cfg.rerank_pool != "kept"
+    pooled = cfg.policy == "sage" and _pool(cfg) != "kept"
     if pooled and not static_first:
         select = _select_sage_pool
     static_widths = [sum(len(p) == d for p in cfg.static_tree) for d in range(1, 65)]
