@@ -147,18 +147,22 @@ def new_pool(root_tokens: torch.Tensor, capacity: int, k: int) -> tuple[DraftPoo
 
 def propose(
     pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, k: int, level: int,
-    calibration: torch.Tensor | None = None,
+    calibration: torch.Tensor | None = None, vocab: torch.Tensor | None = None,
 ) -> Candidates:  # fmt: skip
     """Top-``k`` children of every frontier node.
 
     Args:
         pool: the round's pool (its ``conf`` column is filled for the frontier nodes).
         frontier: ``[B, F]`` pool indices.
-        logprobs: ``[B, F, V]`` draft log-softmax after each frontier node.
+        logprobs: ``[B, F, V]`` draft log-softmax after each frontier node, over the whole vocabulary or (``vocab``)
+            over the only ids the draft can propose.
         k: children per node.
         level: depth of the children (1 for the root's children).
         calibration: ``[A, P]`` log calibration table (:mod:`.calibration`): the candidates' ``joint`` is then the
             parent's plus the calibrated factor instead of the draft log-probability.
+        vocab: ``[V]`` int64 token id of each ``logprobs`` column (None: column = id).  A draft whose head scores a
+            subset of the vocabulary (``TextModel`` with ``head_ids``) passes that subset and its log-softmax over it:
+            the same candidates as the full row with ``-inf`` elsewhere, for a fraction of the top-k and softmax.
     """
     fidx = frontier.idx.clamp(min=0)
     fvalid = frontier.valid
@@ -178,7 +182,7 @@ def propose(
         level=level,
         parent=torch.where(fvalid, frontier.idx, -1)[..., None].expand(-1, -1, k),
         valid=valid,
-        tokens=top.indices,
+        tokens=top.indices if vocab is None else vocab[top.indices],
         logp=top.values,
         logp_topk=logp_topk,
         joint=par(pool.joint)

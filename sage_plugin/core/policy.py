@@ -119,9 +119,11 @@ class TreePolicy(Protocol):
         ...
 
     def step(
-        self, plan: RoundPlan, pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, level: int
-    ) -> Frontier:
-        """Add level ``level``'s nodes to ``pool`` (in place) from the frontier's ``logprobs [B, F, V]``.
+        self, plan: RoundPlan, pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, level: int,
+        vocab: torch.Tensor | None = None,
+    ) -> Frontier:  # fmt: skip
+        """Add level ``level``'s nodes to ``pool`` (in place) from the frontier's ``logprobs [B, F, V]`` (over the
+        token ids ``vocab [V]`` where given, else over the whole vocabulary: :func:`~.expand.propose`).
 
         Returns the next frontier ``[B, frontier_capacity]`` (pool indices, -1 padding): the kept nodes to expand.
         """

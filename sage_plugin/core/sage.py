@@ -149,14 +149,19 @@ class SagePolicy(FixedShapePolicy):
             depth = torch.where(first, depth, code_depth(planned, self.k).max(1).values.clamp(min=1))
         return RoundPlan(depth, width, alpha, root_alpha, first, planned)
 
-    def step(self, plan: RoundPlan, pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, level: int):
+    def step(
+        self, plan: RoundPlan, pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, level: int, vocab=None
+    ):
         cal = self._calibration
         if cal is not None and cal.device != logprobs.device:  # once per device (a host-to-device copy)
             cal = self._calibration = cal.to(logprobs.device)
-        c = propose(pool, frontier, logprobs, self.k, level, cal)
+        c = propose(pool, frontier, logprobs, self.k, level, cal, vocab)
         if plan.planned is not None:  # replay the tree planned at the end of the last round
             keep, expand = planned_selection(plan.planned, c, self.k)
             order = c.joint
+        elif pool_of(self.cfg) == "beam":  # every candidate is pooled and the beam chooses what grows (below): the
+            keep = expand = c.valid  # levels' own selection would be overwritten (a static first round keeps its own)
+            order = budget_key(self.cfg, c.joint.flatten(1)).view_as(c.joint)
         else:
             keep, expand, order = sage_level_selection(self.cfg, plan, pool, c)
         if self.static is not None:

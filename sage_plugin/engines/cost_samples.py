@@ -71,12 +71,12 @@ class CostSamples:
     def add_draft(self, width: int, ms: float) -> None:
         self.draft.setdefault(width, deque(maxlen=WINDOW)).append(float(ms))
 
-    def timed(self, model, kind: str, size: int, sync, *args):
-        """``model.forward(*args)``, its wall time (between two ``sync()``) added as ``kind`` ``verify`` of ``size``
-        draft nodes or ``draft`` of ``size`` tokens per request."""
+    def timed(self, forward, kind: str, size: int, sync, *args):
+        """``forward(*args)`` (a model's forward), its wall time (between two ``sync()``) added as ``kind``
+        ``verify`` of ``size`` draft nodes or ``draft`` of ``size`` tokens per request."""
         sync()
         t0 = time.perf_counter()
-        out = model.forward(*args)
+        out = forward(*args)
         sync()
         (self.add_verify if kind == "verify" else self.add_draft)(size, (time.perf_counter() - t0) * 1e3)
         return out

@@ -107,8 +107,8 @@ class TextModel:
         self, state: SeqState, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         """Logits ``[B, Q, V]`` of ``Q`` new tokens per request (appended to ``state``'s cache)."""
-        ids = input_ids.clamp(0, self.vocab_size - 1)
         if self.head_ids is None:
+            ids = input_ids.clamp(0, self.vocab_size - 1)
             out = self.model(
                 input_ids=ids,
                 position_ids=positions,
@@ -120,13 +120,25 @@ class TextModel:
             state.appended(ids.shape[1])
             self.last_features = self._features(out)
             return out.logits.float()
+        small, head_ids = self.forward_head(state, input_ids, positions, mask)
+        full = small.new_full((*small.shape[:2], self.vocab_size), float("-inf"))
+        return full.index_copy_(2, head_ids, small)
+
+    @torch.inference_mode()
+    def forward_head(
+        self, state: SeqState, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`forward` over the ids the head scores: ``(logits [B, Q, S], head_ids [S])``, or ``(logits [B, Q,
+        V], None)`` without a restricted head.  Every other id's logit is ``-inf`` in :meth:`forward`, so a draft
+        step reads the same distribution from an ``S``-column softmax (``S / V`` = 1/6 for the bundled draft)."""
+        if self.head_ids is None:
+            return self.forward(state, input_ids, positions, mask), None
+        ids = input_ids.clamp(0, self.vocab_size - 1)
         hidden = self.model.get_decoder()(
             input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=state.cache, use_cache=True
         ).last_hidden_state
         state.appended(ids.shape[1])
-        small = linear(hidden, self._head_w).float()
-        full = small.new_full((*small.shape[:2], self.vocab_size), float("-inf"))
-        return full.index_copy_(2, self.head_ids, small)
+        return linear(hidden, self._head_w).float(), self.head_ids
 
 
 def load_causal_lm(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):

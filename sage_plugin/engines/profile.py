@@ -26,7 +26,7 @@ NODE_COUNTS = (*range(17), 20, 24, 32, 48, 64, 96, 128, 192, 256)
 MAX_PADDED_WIDTH = 16
 
 
-def _forward_ms(model: EngineModel, state: SeqState, q: int, repeats: int, sync) -> float:
+def _forward_ms(forward, state: SeqState, q: int, repeats: int, sync) -> float:
     """Median wall time of a forward of ``q`` new tokens per request (causal among themselves), KV dropped after."""
     bsz, dev = state.next_pos.shape[0], state.next_pos.device
     ids = torch.zeros(bsz, q, dtype=torch.int64, device=dev)
@@ -38,7 +38,7 @@ def _forward_ms(model: EngineModel, state: SeqState, q: int, repeats: int, sync)
         mask = state.attention_mask(causal, valid)
         sync()
         t0 = time.perf_counter()
-        model.forward(state, ids, pos, mask)
+        forward(state, ids, pos, mask)
         sync()
         if i:
             times.append((time.perf_counter() - t0) * 1e3)
@@ -83,16 +83,19 @@ def measure_cost_samples(
     counts = [c for c in NODE_COUNTS if c < max_nodes] + [max_nodes]
     out = CostSamples(max_nodes=max_nodes, pad=pad, typical_width=max(1, draft_width), refresh=refresh)
     first = None
+    # the draft forward the loop runs: its head's own ids where it has a restricted head (SpecEngine._draft_forward)
+    draft_fn = getattr(draft, "forward_head", None) if not getattr(draft, "needs_target_features", False) else None
+    draft_fn = draft_fn if callable(draft_fn) else draft.forward
     for c in counts:
-        ms = _forward_ms(target, tstate, c + 1, repeats, sync)
+        ms = _forward_ms(target.forward, tstate, c + 1, repeats, sync)
         out.add_verify(c, ms)
         out.limit = c
         first = ms if first is None else first
         if ms > stop_ratio * first:
             break
     for w in range(1, min(max_width, MAX_PADDED_WIDTH) + 1) if pad else ():
-        out.add_draft(w, _forward_ms(draft, dstate, w, repeats, sync))
+        out.add_draft(w, _forward_ms(draft_fn, dstate, w, repeats, sync))
     typical = out.cost().draft_width(out.typical_width) if out.draft else out.typical_width
     if typical not in out.draft:
-        out.add_draft(typical, _forward_ms(draft, dstate, typical, repeats, sync))
+        out.add_draft(typical, _forward_ms(draft_fn, dstate, typical, repeats, sync))
     return out.start()

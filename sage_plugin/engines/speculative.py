@@ -69,6 +69,9 @@ class SpecEngine:
             if not hasattr(target, "capture_layers"):
                 raise ValueError("an EAGLE-3 draft needs a target that captures hidden states (a text model)")
             target.capture_layers = list(draft.aux_layers)
+        #: the draft scores only some token ids (a text draft with a restricted head): its forwards return the logits
+        #: of those ids and their ids, and the policy reads them as such (a fraction of a full-vocabulary softmax)
+        self.draft_head = draft is not None and not self.eagle and callable(getattr(draft, "forward_head", None))
         self.device = target.device
         self.last_prefill_s = 0.0
         self.last_decode_s = 0.0
@@ -155,7 +158,16 @@ class SpecEngine:
     def _timed_forward(self, model: EngineModel, kind: str, size: int, *args) -> torch.Tensor:
         """``model.forward(*args)``, timed into the live cost samples when this decode keeps them."""
         live = self._live
-        return model.forward(*args) if live is None else live.timed(model, kind, size, self._sync, *args)
+        return model.forward(*args) if live is None else live.timed(model.forward, kind, size, self._sync, *args)
+
+    def _draft_forward(self, size: int, *args) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A draft forward (timed as :meth:`_timed_forward`): ``(logits [B, Q, S], vocab)``, ``vocab [S]`` the token
+        ids of the columns for a draft with a restricted head (:attr:`draft_head`), else ``None`` and ``S = V``."""
+        if not self.draft_head:
+            return self._timed_forward(self.draft, "draft", size, *args), None
+        live = self._live
+        fn = self.draft.forward_head
+        return fn(*args) if live is None else live.timed(fn, "draft", size, self._sync, *args)
 
     # ------------------------------------------------------------------------------------------
     def _sync(self) -> None:
@@ -232,10 +244,10 @@ class SpecEngine:
         while batch.ids:
             cost = self.round_costs[key] if key is not None else None
             pad = cost if policy.pad_forwards else None
-            root_logprobs, root_slot, root_hidden = self._catch_up(dstate, batch, pad)
+            root_logprobs, root_slot, root_hidden, vocab = self._catch_up(dstate, batch, pad)
             plan = policy.plan(batch.pstate, root_logprobs)
             pool, slot_of, forwards = self._expand(
-                policy, plan, batch.roots, root_logprobs, root_slot, dstate, cost, root_hidden
+                policy, plan, batch.roots, root_logprobs, root_slot, dstate, cost, root_hidden, vocab
             )
             n_nodes = policy.pool_capacity - 1
             tree = policy.finalize(plan, pool, cost.round_ms(forwards, n_nodes) if cost is not None else None)
@@ -255,12 +267,13 @@ class SpecEngine:
             tstate.compact()
             dstate.compact()
 
-    def _catch_up(self, dstate: SeqState, batch: SpecBatch, pad=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _catch_up(self, dstate: SeqState, batch: SpecBatch, pad=None):
         """Phase 1: one ragged draft forward over each request's pending tokens (root last), at ``pad``'s padded
         width where given (a :class:`RoundCost`).
 
-        Returns ``(root_logprobs [B, V], root_slot [B], root_hidden)``: the draft's distribution after the root, the
-        root's draft KV slot and (EAGLE-3 draft) its output at the root [B, H] (None otherwise).
+        Returns ``(root_logprobs [B, V], root_slot [B], root_hidden, vocab)``: the draft's distribution after the
+        root, the root's draft KV slot, (EAGLE-3 draft) its output at the root [B, H] (None otherwise) and the token
+        ids of the distribution's columns (:meth:`_draft_forward`; None: the whole vocabulary).
         """
         dev, bsz = self.device, len(batch.ids)
         q = int(batch.pend_len.max())
@@ -272,7 +285,7 @@ class SpecEngine:
         causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril().expand(bsz, q, q)
         args = (dstate, batch.pending[:, :q], dstate.next_pos[:, None] + ar, dstate.attention_mask(causal, qv))
         feats = (batch.pend_feats[:, :q],) if self.eagle else ()
-        logits = self._timed_forward(self.draft, "draft", q, *args, *feats)
+        logits, vocab = self._draft_forward(q, *args, *feats)
         dstate.commit(torch.where(qv, s0 + ar, -1))
         dstate.next_pos += batch.pend_len
         last = (batch.pend_len - 1)[:, None, None]
@@ -281,13 +294,15 @@ class SpecEngine:
             h = self.draft.last_hidden
             hidden = h.gather(1, last.expand(-1, 1, h.shape[-1]))[:, 0]
         lp = torch.log_softmax(logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0], -1)
-        return lp, s0 + batch.pend_len - 1, hidden
+        return lp, s0 + batch.pend_len - 1, hidden, vocab
 
     def _expand(
-        self, policy, plan, roots, root_logprobs, root_slot, dstate: SeqState, cost: RoundCost | None, root_hidden=None
-    ):
+        self, policy, plan, roots, root_logprobs, root_slot, dstate: SeqState, cost: RoundCost | None, root_hidden=None,
+        vocab=None,
+    ):  # fmt: skip
         """Phase 2: the policy's levels, one batched draft forward per level over the frontier (an EAGLE-3 draft
-        feeds each node its parent's output, ``root_hidden`` [B, H] for the root's children).
+        feeds each node its parent's output, ``root_hidden`` [B, H] for the root's children; ``vocab``: the token ids
+        of the draft distributions' columns, :meth:`_draft_forward`).
 
         Returns ``(pool, slot_of [B, P+1], forwards)``: the round's pool, each pool node's draft KV slot (-1 if the
         draft never processed it) and the draft forwards of the round (catch-up included).
@@ -304,7 +319,7 @@ class SpecEngine:
             hid = root_hidden.new_zeros(bsz, policy.pool_capacity + 1, root_hidden.shape[-1])
             hid[:, 0] = root_hidden
         for level in range(1, policy.max_depth + 1):
-            frontier = policy.step(plan, pool, frontier, logprobs, level)
+            frontier = policy.step(plan, pool, frontier, logprobs, level, vocab=vocab)
             if level == policy.max_depth:
                 break
             if cost is not None and not bool(policy.keep_drafting(pool, level, cost.round_ms(forwards, n_nodes))):
@@ -326,7 +341,7 @@ class SpecEngine:
                 dstate.attention_mask(eye, fvalid, extra),
             )
             if hid is None:
-                logits = self._timed_forward(self.draft, "draft", width, *args)
+                logits, vocab = self._draft_forward(width, *args)
             else:
                 par = pool.parents.gather(1, fidx.clamp(min=0)).clamp(min=0)
                 parent_out = hid.gather(1, par[..., None].expand(-1, -1, hid.shape[-1]))

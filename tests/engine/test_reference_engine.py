@@ -322,8 +322,20 @@ def test_restricted_draft_head_matches_full_head_on_its_ids_and_stays_lossless(e
     outside = torch.ones(VOCAB, dtype=torch.bool)
     outside[head_ids] = False
     assert torch.isneginf(part[..., outside]).all()
+    # forward_head: the same logits, only the head's columns, and their ids (what the engine's draft steps read)
+    state = SeqState.from_prefills([restricted.prefill(req)])
+    small, ids = restricted.forward_head(state, new, pos, state.attention_mask(causal, torch.ones(1, 3, dtype=bool)))
+    assert torch.equal(ids, head_ids) and small.shape == (1, 3, len(head_ids))
+    torch.testing.assert_close(small, part[..., head_ids], rtol=1e-5, atol=1e-5)
+    assert (
+        engine.draft.forward_head(states[0], new, pos, states[0].attention_mask(causal, torch.ones(1, 3, dtype=bool)))[
+            1
+        ]
+        is None
+    )
 
     eng = SpecEngine(engine.target, restricted)
+    assert eng.draft_head
     reqs = _requests(3)
     sp = SamplingParams(max_new_tokens=24)
     ref = engine.generate(reqs, sp, None)

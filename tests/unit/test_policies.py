@@ -585,3 +585,38 @@ def test_sage_levels_go_deep_with_a_perfect_draft(top1):
     assert short, "the joint reading cuts the perfect top-1 path short of D"
     mean = {k: sum(rd.tau for rd in v) / len(v) for k, v in rounds.items()}
     assert mean["conditional"] > mean["joint"]
+
+
+@pytest.mark.parametrize("policy", ["sage", "eagle2", "topn", "chain", "static"])
+def test_a_restricted_vocabulary_builds_the_full_rows_tree(policy):
+    """A draft that scores only some ids (``vocab``) gives each policy its log-softmax over those ids: the pool it
+    builds equals the one from the full-vocabulary row with ``-inf`` at every other id (the engine's restricted head,
+    ``TextModel.forward_head``)."""
+    gen = torch.Generator().manual_seed(7)
+    vocab_size, bsz = 300, 2
+    vocab = torch.sort(torch.randperm(vocab_size, generator=gen)[:40]).values
+    cfg = SageConfig(policy=policy, first_round_static=False)
+    pools = []
+    for restricted in (False, True):
+        pol = build_policy(cfg)
+        g = torch.Generator().manual_seed(3)
+        st_ = pol.init_state(bsz, "cpu")
+
+        def rows(width, g=g, restricted=restricted):
+            small = torch.log_softmax(torch.randn(bsz, width, len(vocab), generator=g) * 2.0, -1)
+            if restricted:
+                return small
+            return torch.full((bsz, width, vocab_size), float("-inf")).index_copy_(2, vocab, small)
+
+        root = rows(1)
+        plan = pol.plan(st_, root[:, 0])
+        pool, fr = new_pool(torch.tensor([5, 9]), pol.pool_capacity, pol.k)
+        lp = root
+        for level in range(1, min(pol.max_depth, 4) + 1):
+            fr = pol.step(plan, pool, fr, lp, level, vocab=vocab if restricted else None)
+            lp = rows(fr.idx.shape[1])
+        pools.append(pool)
+    full, small = pools
+    assert torch.equal(full.tokens, small.tokens) and torch.equal(full.parents, small.parents)
+    assert bool(torch.isin(small.tokens[:, 1:][small.tokens[:, 1:] >= 0], vocab).all())
+    torch.testing.assert_close(full.joint, small.joint)
