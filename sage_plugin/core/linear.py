@@ -35,9 +35,21 @@ in a forward), and whole HF forwards after 200 cached tokens::
             this rule    35.2  37.1  39.6  40.0  44.4  45.1  53.2  62.0  94.2  97.1
 
 The kernel streams the weights at memory speed up to 4 rows and within 1.3x of it at 8 (a 12-token verify costs 1.5x
-a decode step, 2.1x with ``F.linear``).  Above 16 rows its compute falls behind BLAS's, so those rows keep
-weight-major (on this Xeon ``F.linear`` is 10-20% faster there; on the EPYC it was slower, with spikes at ragged row
-counts).  Results equal ``F.linear``'s up to float rounding; every consumer, plain decoding included, takes the same
+a decode step, 2.1x with ``F.linear``).  Its outputs were first summed one at a time (a scalar halving tree per
+output); they are now summed 16 at a time by shuffles in vector registers, the same additions in the same order (bit
+for bit the same results), which takes a fifth to a quarter off the kernel at 8-48 rows (one thread, CPU time of the
+211 layers: 8 rows 47.4 -> 39.6 ms, 16 rows 76.1 -> 58.8, 32 rows 130.3 -> 98.1).  Measured again on the Xeon with
+it (2 threads, medians of 9, a noisier day: one row takes 24.5 ms against 19.7 above)::
+
+    rows                  1     2     3     4     6     8     12    16    24    32    48    64
+    layers  F.linear     28.5  26.4  27.8  44.4  45.9  55.3  72.6  65.2  75.4  85.1  103.6 124.3
+            weight-major 62.7  60.6  62.7  65.5  63.0  68.9  66.0  66.2  85.7  84.8  109.5 152.2
+            rows kernel  24.5  24.5  26.2  25.8  29.0  30.1  35.4  42.6  59.5  74.5  102.0 130.0
+
+so on AVX-512 the kernel takes up to 32 rows (at 48 it only ties ``F.linear``); above, weight-major.  The AVX2 build
+keeps 16 (not measured above 16 rows against BLAS).  On the EPYC weight-major beat ``F.linear`` with spikes at
+ragged row counts; on this Xeon ``F.linear`` is 10-20% faster at 33-64 rows.  Results equal ``F.linear``'s up to
+float rounding; every consumer, plain decoding included, takes the same
 rule: the reference engine's models and EAGLE-3 heads (:func:`sage_plugin.engines.lm.use_fast_linears`), and SGLang's
 linear methods and ``LogitsProcessor`` on CPU (``runtimes/sglang/hooks.py``).
 """
@@ -61,8 +73,10 @@ PAD_ABOVE = 8
 PAD_TO = 8
 #: the rows kernel's inner size must be a multiple of this (its widest vector)
 KERNEL_K_MULTIPLE = 16
-#: the most rows the rows kernel takes (above, its compute falls behind BLAS's: weight-major)
-KERNEL_MAX_ROWS = 16
+#: the most rows the rows kernel takes (above, its compute falls behind BLAS's: weight-major).  32 where torch runs
+#: AVX-512 (the kernel's 16-lane build; measured on an Intel Xeon, figures above), 16 elsewhere (the 8-lane AVX2 build
+#: was measured against BLAS only up to 16 rows)
+KERNEL_MAX_ROWS = 32 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 16
 
 _SOURCE = Path(__file__).with_name("csrc") / "rows_linear.cpp"
 _lock = threading.Lock()

@@ -26,6 +26,7 @@ constexpr int R = 3;  // 4 x 3 accumulators + 3 w + 1 x of 16 ymm registers
 #endif
 constexpr int MB = 4;
 typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+typedef int32_t ivec __attribute__((vector_size(LANES * sizeof(int32_t))));
 
 inline vec load(const float* p) {
   vec v;
@@ -39,6 +40,34 @@ inline float reduce(vec a) {
   for (int h = LANES / 2; h >= 1; h /= 2)
     for (int l = 0; l < h; ++l) s[l] += s[l + h];
   return s[0];
+}
+
+// One halving step of reduce() on two vectors at once.  Each vector holds LANES / (2 H) blocks of 2 H lanes, a block
+// the partial sums of one output; the result holds a's blocks then b's, each folded to H lanes (lane l of a block:
+// s[l] + s[l + H], as in reduce()).
+template <int H>
+inline vec fold(vec a, vec b) {
+  ivec lo, hi;
+  for (int p = 0; p < LANES; ++p) {
+    const int half = LANES / 2, q = p % half;
+    const int src = (p < half ? 0 : LANES) + (q / H) * 2 * H + q % H;
+    lo[p] = src;
+    hi[p] = src + H;
+  }
+  return __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
+}
+
+template <int H>
+inline void fold_all(vec* v, int n) {
+  for (int i = 0; i < n / 2; ++i) v[i] = fold<H>(v[2 * i], v[2 * i + 1]);
+  if constexpr (H > 1) fold_all<H / 2>(v, n / 2);
+}
+
+// reduce() of LANES vectors at once, bit for bit (the same additions in the same order): lane j of the result is
+// reduce(v[j]).  v is overwritten.
+inline vec reduce_lanes(vec* v) {
+  fold_all<LANES / 2>(v, LANES);
+  return v[0];
 }
 
 // Tiles ahead whose w is prefetched into L2 while this one computes: without it a tile's compute and its memory
@@ -65,8 +94,20 @@ inline void tile(const float* __restrict x, const float* __restrict w, float* __
       for (int r = 0; r < RowsW; ++r) acc[m][r] += xv * wv[r];
     }
   }
-  for (int m = 0; m < RowsX; ++m)
-    for (int r = 0; r < RowsW; ++r) y[m * N + n0 + r] = reduce(acc[m][r]);
+  constexpr int NACC = RowsX * RowsW;
+  if constexpr (2 * NACC < LANES) {  // a few outputs: one reduce() each
+    for (int m = 0; m < RowsX; ++m)
+      for (int r = 0; r < RowsW; ++r) y[m * N + n0 + r] = reduce(acc[m][r]);
+  } else {  // LANES outputs per reduce_lanes() (zero vectors pad the last group)
+    for (int g = 0; g < NACC; g += LANES) {
+      vec v[LANES];
+      for (int j = 0; j < LANES; ++j) v[j] = g + j < NACC ? acc[(g + j) / RowsW][(g + j) % RowsW] : vec{};
+      float s[LANES];
+      const vec sums = reduce_lanes(v);
+      __builtin_memcpy(s, &sums, sizeof(vec));
+      for (int j = 0; j < LANES && g + j < NACC; ++j) y[((g + j) / RowsW) * N + n0 + (g + j) % RowsW] = s[j];
+    }
+  }
 }
 
 template <int RowsW>
