@@ -37,20 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from unit.graph_step import (  # noqa: E402  (the repository's tests/ is put on the path above)
-    DEFAULTS,
-    SMALL,
-    SWITCHES,
-    Beam,
-    bind,
-    bind_selection,
-    decode_step,
-    n_select,
-    new_selection,
-    random_round,
-    selection_buffers,
-    state_tensors,
-)
+import unit.graph_step as gs  # noqa: E402  (the repository's tests/ is put on the path above)
 
 from sage_plugin.core.slots import SlotState  # noqa: E402
 
@@ -61,7 +48,7 @@ def to_dev(round_):
     slots, beam, accept = round_
     return (
         slots.to(DEV),
-        Beam.of([t.to(DEV).contiguous() for t in beam.tensors()], len(beam.score_list)),
+        gs.Beam.of([t.to(DEV).contiguous() for t in beam.tensors()], len(beam.score_list)),
         accept.to(DEV),
     )
 
@@ -72,19 +59,19 @@ class Captured:
     def __init__(self, cfg, bsz: int, steps: int, max_bs: int, gen: torch.Generator) -> None:
         self.cfg, self.bsz, self.steps = cfg, bsz, steps
         self.num_slots = 2 * max_bs + 1
-        self.num_draft = n_select(cfg, steps) + 1
+        self.num_draft = gs.n_select(cfg, steps) + 1
         self.state = SlotState(cfg, self.num_slots, DEV)
-        self.sel = new_selection(cfg, DEV, max_bs)
-        slots, beam, accept = to_dev(random_round(gen, bsz, steps, torch.arange(self.num_slots)))
+        self.sel = gs.new_selection(cfg, DEV, max_bs)
+        slots, beam, accept = to_dev(gs.random_round(gen, bsz, steps, torch.arange(self.num_slots)))
         self.slots, self.accept = slots.clone(), accept.clone()
-        self.beam = Beam.of([t.clone() for t in beam.tensors()], steps)
+        self.beam = gs.Beam.of([t.clone() for t in beam.tensors()], steps)
         self.reset_slots = slots[:1].clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up (lazy inits, allocator) as SGLang does before capture
             for _ in range(3):
                 self.state.reset(self.reset_slots)
-                decode_step(self.state, self.sel, self.slots, self.beam, self.accept, self.num_draft)
+                gs.decode_step(self.state, self.sel, self.slots, self.beam, self.accept, self.num_draft)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         self.pool = torch.cuda.graph_pool_handle()
@@ -92,11 +79,11 @@ class Captured:
         with torch.cuda.graph(self.reset_graph, pool=self.pool):
             self.state.reset(self.reset_slots)
         with torch.cuda.graph(self.step_graph, pool=self.pool):
-            self.out = decode_step(self.state, self.sel, self.slots, self.beam, self.accept, self.num_draft)
+            self.out = gs.decode_step(self.state, self.sel, self.slots, self.beam, self.accept, self.num_draft)
         torch.cuda.synchronize()
         # the eager twin starts from the same state (capture runs no kernel, so the state is the warm-up's)
-        self.twin = bind(self.state, [t.clone() for t in state_tensors(self.state)])
-        self.twin_sel = bind_selection(self.sel, [t.clone() for t in selection_buffers(self.sel)])
+        self.twin = gs.bind(self.state, [t.clone() for t in gs.state_tensors(self.state)])
+        self.twin_sel = gs.bind_selection(self.sel, [t.clone() for t in gs.selection_buffers(self.sel)])
 
     def load(self, slots, beam, accept) -> None:
         self.slots.copy_(slots)
@@ -107,7 +94,7 @@ class Captured:
 
     def round(self, r: int, gen: torch.Generator) -> str | None:
         """One round, replayed and eager; None when they agree, else what differed."""
-        slots, beam, accept = to_dev(random_round(gen, self.bsz, self.steps, torch.arange(self.num_slots)))
+        slots, beam, accept = to_dev(gs.random_round(gen, self.bsz, self.steps, torch.arange(self.num_slots)))
         self.load(slots, beam, accept)
         if r % 3 == 0:
             self.reset_graph.replay()
@@ -117,7 +104,7 @@ class Captured:
             try:
                 if r % 3 == 0:
                     self.twin.reset(slots[:1])
-                want = decode_step(self.twin, self.twin_sel, slots, beam, accept, self.num_draft)
+                want = gs.decode_step(self.twin, self.twin_sel, slots, beam, accept, self.num_draft)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
@@ -127,8 +114,8 @@ class Captured:
                 return f"round {r}: output {name} differs"
         for i, (g, w) in enumerate(
             zip(
-                state_tensors(self.state) + selection_buffers(self.sel),
-                state_tensors(self.twin) + selection_buffers(self.twin_sel),
+                gs.state_tensors(self.state) + gs.selection_buffers(self.sel),
+                gs.state_tensors(self.twin) + gs.selection_buffers(self.twin_sel),
             )
         ):
             if not torch.equal(g, w):
@@ -138,9 +125,9 @@ class Captured:
 
 def configs():
     """(name, config): each switch value alone on the small and the default config."""
-    out = [("small", SMALL.replace(history_window=2)), ("defaults", DEFAULTS)]
+    out = [("small", gs.SMALL.replace(history_window=2)), ("defaults", gs.DEFAULTS)]
     for base_name, base in list(out):
-        for field, values in SWITCHES.items():
+        for field, values in gs.SWITCHES.items():
             for v in values:
                 if getattr(base, field) != v:
                     out.append((f"{base_name}:{field}={v}", base.replace(**{field: v})))
@@ -174,8 +161,10 @@ def timing(batch_sizes, steps: int, iters: int) -> list[dict]:
     rows = []
     max_bs = max(batch_sizes)
     for bsz in batch_sizes:
-        cap = Captured(DEFAULTS, bsz, steps, max_bs, gen)
-        eager = functools.partial(decode_step, cap.twin, cap.twin_sel, cap.slots, cap.beam, cap.accept, cap.num_draft)
+        cap = Captured(gs.DEFAULTS, bsz, steps, max_bs, gen)
+        eager = functools.partial(
+            gs.decode_step, cap.twin, cap.twin_sel, cap.slots, cap.beam, cap.accept, cap.num_draft
+        )
         twin, sel, slots, beam, accept = cap.twin, cap.twin_sel, cap.slots, cap.beam, cap.accept
 
         def plan_load(twin=twin, sel=sel, slots=slots, beam=beam):  # eager in the worker, before the draft graph
