@@ -49,7 +49,7 @@ def _forward_ms(forward, state: SeqState, q: int, repeats: int, sync) -> float:
 @torch.inference_mode()
 def measure_cost_samples(
     target: EngineModel,
-    draft: EngineModel,
+    draft_forward,
     tstate: SeqState,
     dstate: SeqState,
     max_nodes: int,
@@ -68,6 +68,8 @@ def measure_cost_samples(
     keeps start-up short on slow devices.
 
     Args:
+        draft_forward: the draft forward the decode loop runs (``SpecEngine.draft_forward``: a restricted head's
+            :meth:`~.lm.TextModel.forward_head`, else the draft's ``forward``), called as ``(state, ids, pos, mask)``.
         tstate, dstate: prefilled target / draft states of the batch (left as they were).
         max_nodes: largest tree (draft nodes, root excluded) the policy can build.
         draft_width: tokens per request in a typical draft level.
@@ -83,9 +85,6 @@ def measure_cost_samples(
     counts = [c for c in NODE_COUNTS if c < max_nodes] + [max_nodes]
     out = CostSamples(max_nodes=max_nodes, pad=pad, typical_width=max(1, draft_width), refresh=refresh)
     first = None
-    # the draft forward the loop runs: its head's own ids where it has a restricted head (SpecEngine._draft_forward)
-    draft_fn = getattr(draft, "forward_head", None) if not getattr(draft, "needs_target_features", False) else None
-    draft_fn = draft_fn if callable(draft_fn) else draft.forward
     for c in counts:
         ms = _forward_ms(target.forward, tstate, c + 1, repeats, sync)
         out.add_verify(c, ms)
@@ -94,8 +93,8 @@ def measure_cost_samples(
         if ms > stop_ratio * first:
             break
     for w in range(1, min(max_width, MAX_PADDED_WIDTH) + 1) if pad else ():
-        out.add_draft(w, _forward_ms(draft_fn, dstate, w, repeats, sync))
+        out.add_draft(w, _forward_ms(draft_forward, dstate, w, repeats, sync))
     typical = out.cost().draft_width(out.typical_width) if out.draft else out.typical_width
     if typical not in out.draft:
-        out.add_draft(typical, _forward_ms(draft_fn, dstate, typical, repeats, sync))
+        out.add_draft(typical, _forward_ms(draft_forward, dstate, typical, repeats, sync))
     return out.start()

@@ -141,7 +141,7 @@ class SpecEngine:
         t0 = time.perf_counter()
         width = min(policy.frontier_capacity, 4)  # a typical level: SAGE narrows from W (2-10) with depth
         samples = measure_cost_samples(
-            self.target, self.draft, tstate, dstate, policy.tree_capacity - 1, width, sync=self._sync,
+            self.target, self.draft_forward, tstate, dstate, policy.tree_capacity - 1, width, sync=self._sync,
             pad=policy.pad_forwards, max_width=policy.frontier_capacity, refresh=policy.cfg.cost_refresh,
         )  # fmt: skip
         self.round_costs[key] = samples.cost()
@@ -157,17 +157,23 @@ class SpecEngine:
 
     def _timed_forward(self, model: EngineModel, kind: str, size: int, *args) -> torch.Tensor:
         """``model.forward(*args)``, timed into the live cost samples when this decode keeps them."""
+        return self._timed(model.forward, kind, size, *args)
+
+    def _timed(self, forward, kind: str, size: int, *args):
         live = self._live
-        return model.forward(*args) if live is None else live.timed(model.forward, kind, size, self._sync, *args)
+        return forward(*args) if live is None else live.timed(forward, kind, size, self._sync, *args)
+
+    @property
+    def draft_forward(self):
+        """The draft forward the decode loop runs: a restricted head's ``forward_head`` (:attr:`draft_head`), else the
+        draft's ``forward``."""
+        return self.draft.forward_head if self.draft_head else self.draft.forward
 
     def _draft_forward(self, size: int, *args) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A draft forward (timed as :meth:`_timed_forward`): ``(logits [B, Q, S], vocab)``, ``vocab [S]`` the token
         ids of the columns for a draft with a restricted head (:attr:`draft_head`), else ``None`` and ``S = V``."""
-        if not self.draft_head:
-            return self._timed_forward(self.draft, "draft", size, *args), None
-        live = self._live
-        fn = self.draft.forward_head
-        return fn(*args) if live is None else live.timed(fn, "draft", size, self._sync, *args)
+        out = self._timed(self.draft_forward, "draft", size, *args)
+        return out if self.draft_head else (out, None)
 
     # ------------------------------------------------------------------------------------------
     def _sync(self) -> None:
