@@ -124,7 +124,8 @@ class SagePolicy(FixedShapePolicy):
         super().__init__(cfg)
         self.static = StaticPolicy(cfg) if cfg.first_round_static else None
         self.pool_capacity = self.pool_nodes_for(cfg) + 1
-        self.pooled = pool_of(cfg) != "kept"
+        self.pool = pool_of(cfg)
+        self.pooled = self.pool != "kept"
         self.frontier_capacity = self.pooled_width_for(cfg) if self.pooled else self.pool_capacity - 1
         self.wants_cost = cfg.node_budget == "auto"
         self.pad_forwards = self.wants_cost and cfg.pad_forwards
@@ -142,7 +143,7 @@ class SagePolicy(FixedShapePolicy):
         first = state.first_round & (self.static is not None)
         if self.static is not None:
             depth = torch.where(first, self.static.max_depth, depth)
-        if pool_of(self.cfg) == "beam":  # the beam grows while its nodes can still be verified
+        if self.pool == "beam":  # the beam grows while its nodes can still be verified
             depth = torch.where(first, depth, self.max_depth)
         planned = state.planned if self.cfg.topology == "planned" else None
         if planned is not None:  # the planned tree's own depth
@@ -159,7 +160,7 @@ class SagePolicy(FixedShapePolicy):
         if plan.planned is not None:  # replay the tree planned at the end of the last round
             keep, expand = planned_selection(plan.planned, c, self.k)
             order = c.joint
-        elif pool_of(self.cfg) == "beam":  # every candidate is pooled and the beam chooses what grows (below): the
+        elif self.pool == "beam":  # every candidate is pooled and the beam chooses what grows (below): the
             keep = expand = c.valid  # levels' own selection would be overwritten (a static first round keeps its own)
             order = budget_key(self.cfg, c.joint.flatten(1)).view_as(c.joint)
         else:
@@ -174,7 +175,7 @@ class SagePolicy(FixedShapePolicy):
         # every child is a rerank candidate (a static first round keeps its own tree: first_round is False without)
         first = plan.first_round[:, None, None]
         keep = torch.where(first, keep, c.valid)
-        if pool_of(self.cfg) == "beam":  # the W best of the level by path value grow, to the deepest level
+        if self.pool == "beam":  # the W best of the level by path value grow, to the deepest level
             beam = budget_top_n(c.valid.flatten(1), c.joint.flatten(1), plan.width).view_as(c.valid)
             expand = torch.where(first, expand, beam)
         frontier = append(pool, c, keep, expand, order, self.pool_capacity - 1)
