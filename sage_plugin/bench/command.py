@@ -275,9 +275,8 @@ def _sweep(results: dict, setup: BenchSetup, base: SageConfig, sizes: list[int],
     model."""
     oracle = None
     ar, draft = results.get("ar"), setup.engine.draft
-    if (
-        ar is not None and type(draft) is TextModel and (names is None or "oracle" in names)
-    ):  # a text draft that reads the prompt as the target does
+    wanted = names is None or "oracle" in names
+    if wanted and ar is not None and type(draft) is TextModel:  # a text draft that reads the prompt as the target does
         prompts = [r.prompt_ids for r in setup.requests]
         outs = [ar.outputs[r.request_id] for r in setup.requests]
         oracle = {n: oracle_tau(draft.sequence_logits, prompts, outs, base.k, n) for n in sizes}
