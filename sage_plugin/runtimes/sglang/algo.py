@@ -132,8 +132,8 @@ def validate_server_args(server_args: Any) -> None:
 
     Raises:
         ConfigError: a bad ``--sage-*`` value, a value the SGLang worker does not honour
-            (:data:`.support.SGLANG_SUPPORT`), an explicit SGLang draft size SAGE cannot use, tiers with tensor
-            parallelism, no draft model, or a multimodal draft.
+            (:data:`.support.SGLANG_SUPPORT`), an explicit SGLang draft size SAGE cannot use, no draft model, or a
+            multimodal draft.
     """
     cfg = sage_config_of(server_args)
     SGLANG_SUPPORT.check(cfg, name=flag_name)
@@ -143,13 +143,6 @@ def validate_server_args(server_args: Any) -> None:
         num_steps=server_args.speculative_num_steps,
         num_draft_tokens=server_args.speculative_num_draft_tokens,
     )
-    tp = int(getattr(server_args, "tp_size", 1) or 1)
-    if cfg.tiers and tp > 1:
-        raise ConfigError(
-            f"--sage-tiers with --tp-size {tp}: each tensor-parallel rank would choose its tier from step times it "
-            "measures itself, which differ between ranks, so ranks could run different shapes; serve tiers with "
-            '--tp-size 1, or leave --sage-tiers out (one shape) (docs/sglang.md, "Tiers")'
-        )
     draft = server_args.speculative_draft_model_path
     if draft is None:
         raise ConfigError(

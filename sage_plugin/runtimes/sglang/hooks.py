@@ -1,5 +1,5 @@
-"""The only place SAGE patches SGLang: nine ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
-CPU linear layers).
+"""The only place SAGE patches SGLang: ten ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
+CPU linear layers, CPU tensor parallelism).
 
 SGLang 0.5.23 has no API for plugin-owned command-line flags (``docs/sglang.md``, "Flags"),
 so the plugin wraps the two functions of its parse path.  Each hook has an entry in ``patches/INDEX.md``;
@@ -48,6 +48,10 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
   1-32 rows on AVX-512, 1-16 on AVX2, weight-major above up to 64: core/linear.py has the figures by CPU), the rule the reference engine uses.  Plain and speculative serving alike (target and draft); every other case
   keeps SGLang's product.
 
+* :func:`init_model_parallel_group` (AROUND ``sglang.srt.distributed.parallel_state.init_model_parallel_group``):
+  without CUDA no group builds a PyNccl communicator (upstream builds one on CPU too, which stops every
+  ``--tp-size`` > 1 CPU launch); the groups' collectives take their gloo group as upstream's CPU branches do.
+
 Hooks are registered by :func:`install_hooks` (from ``register()``) and applied by SGLang's
 ``load_plugins()`` after every plugin ran.  Hook functions here import nothing from SGLang.
 """
@@ -74,6 +78,7 @@ __all__ = [
     "output_streamer_class",
     "report_decode_stats",
     "verify_uses_greedy",
+    "init_model_parallel_group",
 ]
 
 logger = logging.getLogger(__name__)
@@ -92,6 +97,7 @@ REPORT_DECODE_STATS = (
 )
 COMPUTE_LM_HEAD = "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head"
 UNQUANTIZED_LINEAR = "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply"
+INIT_MODEL_PARALLEL_GROUP = "sglang.srt.distributed.parallel_state.init_model_parallel_group"
 #: Prometheus gauge -> (key of the SAGE worker's ``sage_stats()``, help text)
 PROMETHEUS_GAUGES = {
     "sglang:sage_rounds": ("sage_rounds", "SAGE: drafted request-rounds since start."),
@@ -255,6 +261,24 @@ def unquantized_linear(original: Callable[..., Any], self: Any, layer: Any, x: A
     return original(self, layer, x, bias) if weight is None else linear(x, weight, bias)
 
 
+def init_model_parallel_group(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``init_model_parallel_group(group_ranks, local_rank, backend, use_pynccl=None, ...)``.
+
+    Without CUDA (``--device cpu``) a group never builds a PyNccl communicator: upstream 0.5.23 defaults
+    ``use_pynccl`` to True on CPU, whose communicator then asks for a CUDA device and stops every ``--tp-size`` > 1
+    CPU launch at start-up.  The group's collectives go through its gloo ``device_group`` as upstream's CPU branches
+    already do.  With CUDA nothing changes.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        if len(args) > 3:  # group_ranks, local_rank, backend, use_pynccl
+            args = (*args[:3], False, *args[4:])
+        else:
+            kwargs["use_pynccl"] = False
+    return original(*args, **kwargs)
+
+
 def _sage_draft_worker(scheduler: Any) -> Any:
     draft = getattr(getattr(scheduler, "draft_worker", None), "_draft_worker", None)
     return draft if draft is not None and hasattr(draft, "sage_stats") else None
@@ -295,6 +319,7 @@ HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = (
     (REPORT_DECODE_STATS, report_decode_stats),
     (COMPUTE_LM_HEAD, compute_lm_head),
     (UNQUANTIZED_LINEAR, unquantized_linear),
+    (INIT_MODEL_PARALLEL_GROUP, init_model_parallel_group),
 )
 HOOK_TARGETS: tuple[str, ...] = tuple(target for target, _ in HOOKS)
 

@@ -32,7 +32,7 @@ from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, Sp
 
 from sage_plugin.core.tiers import Tier, TierChooser
 
-__all__ = ["HostScalar", "SageTierController", "StepClock", "TierSwitchLogFilter"]
+__all__ = ["HostScalar", "RankZeroTimes", "SageTierController", "StepClock", "TierSwitchLogFilter"]
 
 
 class _ChooserPolicy:
@@ -67,9 +67,11 @@ class SageTierController(AdaptiveController):
         chooser: the host-side tier choice.
     """
 
-    def __init__(self, worker: Any, chooser: TierChooser) -> None:
+    def __init__(self, worker: Any, chooser: TierChooser, shared: RankZeroTimes | None = None) -> None:
         super().__init__(worker, _ChooserPolicy(chooser))
         self.chooser = chooser
+        #: with tensor parallelism, rank 0's step timings shared with every rank (None: this rank's own)
+        self.shared = shared
         self._states: dict[Tier, SpecRuntimeState] = {}  # type: ignore[assignment]
         self.active: Tier | None = None
         self.switches = 0
@@ -99,12 +101,95 @@ class SageTierController(AdaptiveController):
     def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> None:
         self.chooser.observe(num_correct_drafts_per_req)
 
+    def record_cost(self, tier: Tier, batch_size: int, seconds: float) -> None:
+        """A decode step's measured time, for the chooser (with tensor parallelism: rank 0's, at the next share)."""
+        if self.shared is None:
+            self.chooser.record_cost(tier, batch_size, seconds)
+        else:
+            self.shared.record_cost(tier, batch_size, seconds)
+
+    def record_overhead(self, seconds: float) -> None:
+        """The measured time between two decode steps, for the chooser (tensor parallelism: as :meth:`record_cost`)."""
+        if self.shared is None:
+            self.chooser.record_overhead(seconds)
+        else:
+            self.shared.record_overhead(seconds)
+
+    def end_step(self) -> None:
+        """A decode step ended (every rank calls it at the same step): with tensor parallelism, a share may fall
+        due."""
+        if self.shared is not None:
+            self.shared.end_step()
+
     def _activate(self, tier: Tier) -> None:  # type: ignore[override]
         state = self._states.get(tier)
         if state is None:
             raise ValueError(f"no runtime state built for SAGE tier {tier}")
         self.worker.apply_runtime_state(state)
         self.active = tier
+
+
+class RankZeroTimes:
+    """Rank 0's step timings, fed to every tensor-parallel rank's :class:`TierChooser` in the same order.
+
+    The chooser's other inputs are the same on every rank (batch size, accept lengths, the draft's all-gathered top
+    probabilities), but each rank times its own steps, so ranks fed their own timings could choose different tiers,
+    i.e. run different shapes.  Here only rank 0's timings count: rank 0 buffers them, and every ``every`` decode
+    steps (:meth:`end_step`, called by every rank at the same step) one broadcast over the tensor-parallel group's
+    host (gloo) group hands them to every rank, which feed them to their choosers at that same step.  Between shares
+    the choosers' tables stay identical, so every rank picks the same tier with no per-step communication and no
+    device sync; timings reach the chooser up to ``every`` steps late (a step or more on CUDA already).
+
+    Args:
+        chooser: this rank's chooser.
+        rank: this rank's index in the tensor-parallel group (0 measures).
+        broadcast: ``broadcast(tensor)`` from rank 0 in place, over the group's host group (a ``torch.distributed``
+            gloo group in serving, a stand-in in tests).
+        every: decode steps between shares.
+        capacity: timings a share carries at most (older ones beyond it are dropped).
+    """
+
+    OVERHEAD = -1  # tier index of an overhead sample
+
+    def __init__(self, chooser: TierChooser, rank: int, broadcast: Any, every: int = 16, capacity: int = 64) -> None:
+        if every < 1 or capacity < 1:
+            raise ValueError(f"every and capacity must be >= 1, got {every} and {capacity}")
+        self.chooser = chooser
+        self.rank = rank
+        self.every = every
+        self.capacity = capacity
+        self._broadcast = broadcast
+        self._index = {tier: i for i, tier in enumerate(chooser.tiers)}
+        self._buf: deque[tuple[int, int, float]] = deque(maxlen=capacity)
+        self._steps = 0
+        self.shares = 0
+
+    def record_cost(self, tier: Tier, batch_size: int, seconds: float) -> None:
+        if self.rank == 0:
+            self._buf.append((self._index[tier], batch_size, seconds))
+
+    def record_overhead(self, seconds: float) -> None:
+        if self.rank == 0:
+            self._buf.append((self.OVERHEAD, 0, seconds))
+
+    def end_step(self) -> None:
+        self._steps += 1
+        if self._steps % self.every:
+            return
+        # row 0: the count; rows 1..n: (tier index, batch size, seconds), float64 keeps the seconds exact
+        msg = torch.zeros(self.capacity + 1, 3, dtype=torch.float64)
+        if self.rank == 0:
+            msg[0, 0] = len(self._buf)
+            if self._buf:
+                msg[1 : len(self._buf) + 1] = torch.tensor(list(self._buf), dtype=torch.float64)
+            self._buf.clear()
+        self._broadcast(msg)
+        self.shares += 1
+        for index, bs, seconds in msg[1 : int(msg[0, 0]) + 1].tolist():
+            if int(index) == self.OVERHEAD:
+                self.chooser.record_overhead(seconds)
+            else:
+                self.chooser.record_cost(self.chooser.tiers[int(index)], int(bs), seconds)
 
 
 class _EventQueue:
@@ -153,15 +238,21 @@ class HostScalar:
 
     CPU: the value is on the host at once.  CUDA: :meth:`push` starts a non-blocking copy into one of a few pinned
     buffers and records an event; :meth:`latest` returns the newest copy whose event has completed (one or more steps
-    late; the previous value, or None, while none has).
+    late; the previous value, or None, while none has).  With ``fixed_lag`` (CUDA, tensor parallelism) the value is
+    the one pushed exactly ``fixed_lag`` pushes ago on every rank (its copy waited for if it has not completed, which
+    ``fixed_lag`` steps later it has in practice), so ranks that read their copies at different moments still agree.
     """
 
     RING = 4
 
-    def __init__(self, device: torch.device | str) -> None:
+    def __init__(self, device: torch.device | str, fixed_lag: int | None = None) -> None:
         self.cuda = torch.device(device).type == "cuda"
+        if fixed_lag is not None and not 1 <= fixed_lag < self.RING:
+            raise ValueError(f"fixed_lag must be in [1, {self.RING - 1}], got {fixed_lag}")
+        self.fixed_lag = fixed_lag if self.cuda else None
         self._value: float | None = None
         self._open = _EventQueue()
+        self._lagged: deque[tuple[torch.Tensor, Any]] = deque()
         self._free: list[torch.Tensor] = (
             [torch.empty((), dtype=torch.float32, pin_memory=True) for _ in range(self.RING)] if self.cuda else []
         )
@@ -170,6 +261,18 @@ class HostScalar:
         """Start reading ``value`` (a 0-d float tensor on the device); dropped while every buffer is in flight."""
         if not self.cuda:
             self._value = float(value)
+            return
+        if self.fixed_lag is not None:
+            if len(self._lagged) == self.fixed_lag:
+                buf, ev = self._lagged.popleft()
+                ev.synchronize()
+                self._value = float(buf)
+                self._free.append(buf)
+            buf = self._free.pop()
+            buf.copy_(value, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            self._lagged.append((buf, ev))
             return
         self._reap()
         if not self._free:
@@ -181,7 +284,8 @@ class HostScalar:
         self._open.add(buf, ev)
 
     def latest(self) -> float | None:
-        self._reap()
+        if self.fixed_lag is None:
+            self._reap()
         return self._value
 
     def _reap(self) -> None:

@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 import torch
+from sglang.srt.distributed import get_tp_group
 from sglang.srt.managers.auxiliary_output import append_auxiliary_output
 from sglang.srt.speculative.base_spec_worker import EagleDraftWorkerBase
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
@@ -47,7 +48,7 @@ from .lag import DraftLag
 from .meta import SageRoundDevice
 from .offstep import DecodeVerifyTarget
 from .selection import BeamSelection
-from .tiers import HostScalar, SageTierController, StepClock, TierSwitchLogFilter
+from .tiers import HostScalar, RankZeroTimes, SageTierController, StepClock, TierSwitchLogFilter
 
 __all__ = ["BeamSelection", "SageDraftWorker", "SageEagleDraftWorker", "SageEagleWorkerV2", "SageWorkerV2"]
 
@@ -214,6 +215,24 @@ class DraftHeadRows(torch.nn.Module):
         self.weight = torch.nn.Parameter(weight.detach().index_select(0, ids.to(weight.device)), requires_grad=False)
 
 
+def rank_head_ids(ids: torch.Tensor, world: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Split a draft vocabulary ``ids`` [n] (ascending) over ``world`` tensor-parallel ranks, in order.
+
+    SGLang's ``LogitsProcessor`` all-gathers each rank's logits along the vocabulary in rank order, so rank ``r``
+    holds the ``r``-th equal chunk of the draft vocabulary's rows and the gathered logits come out in ``ids``
+    order.  The chunks must be equal: ``ids`` is padded to a multiple of ``world`` by repeating its last id (a
+    repeated row scores exactly as its original; SGLang maps either index back to the same token).  Returns
+    (the padded ids [n'], one chunk per rank).
+
+    >>> full, parts = rank_head_ids(torch.tensor([2, 5, 7, 11, 13]), 2)
+    >>> full.tolist(), [p.tolist() for p in parts]
+    ([2, 5, 7, 11, 13, 13], [[2, 5, 7], [11, 13, 13]])
+    """
+    pad = -ids.numel() % world
+    full = torch.cat([ids, ids[-1:].expand(pad)]) if pad else ids
+    return full, list(full.chunk(world))
+
+
 class SageDraftWorker(SageDraftMixin, StandaloneDraftWorker):
     """SGLang's standalone draft worker (separate draft model) plus SAGE's per-round plan.
 
@@ -241,9 +260,18 @@ class SageDraftWorker(SageDraftMixin, StandaloneDraftWorker):
     def init_lm_head(self) -> None:
         """Cut the draft's head to the hot tokens SGLang maps its top-k through (upstream's standalone worker keeps
         the full head, which a token map would mis-index)."""
-        if self.hot_token_id is not None:
-            model = self.draft_runner.model
-            model.lm_head = DraftHeadRows(model.lm_head.weight, self.hot_token_id)  # a tied embedding keeps its rows
+        if self.hot_token_id is None:
+            return
+        model = self.draft_runner.model
+        weight = model.lm_head.weight  # with --tp-size > 1 this rank's vocabulary shard
+        tp = get_tp_group()
+        if tp.world_size > 1:  # the whole head, once: the draft vocabulary's rows are split anew across the ranks
+            weight = tp.all_gather(weight.contiguous(), dim=0)
+        if int(self.hot_token_id.max()) >= weight.shape[0]:
+            raise ValueError(f"the draft's vocabulary ids reach {int(self.hot_token_id.max())}, its head has "
+                             f"{weight.shape[0]} rows")  # fmt: skip
+        self.hot_token_id, parts = rank_head_ids(self.hot_token_id, tp.world_size)
+        model.lm_head = DraftHeadRows(weight, parts[tp.rank_in_group])  # a tied embedding keeps its rows
 
 
 class SageEagleDraftWorker(SageDraftMixin, EagleDraftWorker):
@@ -274,8 +302,14 @@ class SageWorkerMixin:
                 chooser = TierChooser(parse_tiers(cfg.tiers), cfg.tier_probe_every, probe_backoff=cfg.tier_probe_backoff,
                                       alpha_bins=cfg.tier_alpha_bins, bound_slack=cfg.tier_bound_slack,
                                       acceptance=cfg.tier_acceptance)  # fmt: skip
-                self.sage_tiers = SageTierController(self, chooser)
-                self._sage_alpha = HostScalar(self.device)
+                tp = get_tp_group()
+                shared = None
+                if tp.world_size > 1:  # every rank's chooser fed rank 0's timings: the same tier on every rank
+                    src, group = tp.ranks[0], tp.cpu_group
+                    shared = RankZeroTimes(chooser, tp.rank_in_group,
+                                           lambda t: torch.distributed.broadcast(t, src=src, group=group))  # fmt: skip
+                self.sage_tiers = SageTierController(self, chooser, shared)
+                self._sage_alpha = HostScalar(self.device, fixed_lag=HostScalar.RING - 1 if shared else None)
                 self.adaptive_controller = self.sage_tiers
                 logging.getLogger(EAGLEWorkerV2.__module__).addFilter(TierSwitchLogFilter())
         logger.info("SAGE worker ready (%s): %s", type(self).__name__, cfg.to_dict())
@@ -311,7 +345,7 @@ class SageWorkerMixin:
             draft.sage_round = None
         tiers = self.sage_tiers if not (prefill or idle) else None
         if tiers is not None and self._sage_last_end is not None and not self._sage_clock.cuda:
-            tiers.chooser.record_overhead(time.perf_counter() - self._sage_last_end)
+            tiers.record_overhead(time.perf_counter() - self._sage_last_end)
         if tiers is not None and self.sage_cfg.tier_alpha_bins:
             tiers.alpha = self._batch_alpha(batch)
         started = self._sage_clock.start() if tiers is not None else None
@@ -320,7 +354,8 @@ class SageWorkerMixin:
         )
         if tiers is not None:
             for (tier, bs), seconds in self._sage_clock.stop(started, (tiers.active, batch.seq_lens.shape[0])):
-                tiers.chooser.record_cost(tier, bs, seconds)
+                tiers.record_cost(tier, bs, seconds)
+            tiers.end_step()
             self._sage_last_end = time.perf_counter()
         else:
             self._sage_last_end = None

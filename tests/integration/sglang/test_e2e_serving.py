@@ -262,3 +262,37 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
     assert sage["kv_available_tokens"] == kv0, (sage, kv0)
     log = (tmp_path / "tiers.log").read_text()
     assert "Built adaptive runtime state steps=0" in log and "Switch adaptive runtime state" not in log
+
+
+def test_tensor_parallel_tiers_equal_plain(target_dir, launch_env, tmp_path):
+    """``--tp-size 2`` on CPU (gloo, one core per rank; the plugin keeps SGLang from building a PyNccl communicator
+    without CUDA): SAGE with its restricted draft vocabulary split across the ranks and tiers chosen from rank 0's
+    timings serves the plain TP=2 server's tokens; ranks running different shapes would fail the step."""
+    import os
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("two tensor-parallel ranks need two cores")
+    env = {**launch_env, "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
+    tiers = [[0, 1], [1, 2], [3, 5]]
+    plain = Server(["--model-path", str(target_dir), *PLAIN_FLAGS, "--tp-size", "2"], env, tmp_path / "plain_tp2.log")
+    try:
+        sage = Server(["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
+                       "--speculative-draft-model-path", str(_draft_dir(target_dir)), "--tp-size", "2",
+                       "--sage-tiers", str(tiers), "--sage-tier-probe-every", "2"],
+                      env, tmp_path / "sage_tp2.log")  # fmt: skip
+    except BaseException:
+        plain.stop()
+        raise
+    try:
+        prompts = _prompts(8)
+        ref = parallel(lambda p: plain.generate(p, 32), prompts)
+        got = parallel(lambda p: sage.generate(p, 32), prompts)
+        info = sage.get("/server_info")["internal_states"][0]["sage"]
+    finally:
+        sage.stop()
+        plain.stop()
+    for r, g in zip(ref, got):
+        assert g["output_ids"] == r["output_ids"], (r["text"], g["text"])
+    assert sum(g["meta_info"]["spec_accept_length"] > 1.0 for g in got) >= len(got) // 2  # the drafts are accepted
+    report = info["tiers"]
+    assert sum(report[f"{s}:{n}"]["steps"] > 0 for s, n in tiers) >= 2 and info["tier_switches"] > 0, info

@@ -188,13 +188,21 @@ def validate(sa: ServerArgs) -> None:
         (["--sage-static-tree", "[[0], [0, 0, 1], [0, 1]]"], "--sage-static-tree: path [0, 0, 1] has no parent path [0, 0]"),
         (["--speculative-eagle-topk", "1"], "--speculative-eagle-topk must be >= 2 with --speculative-algorithm sage"),
         (["--speculative-num-draft-tokens", "999"], "--speculative-num-draft-tokens must be in [2, "),
-        (["--sage-tiers", "[[0, 1], [3, 5]]", "--tp-size", "2"], "--sage-tiers with --tp-size 2: each tensor-parallel rank would choose"),
     ],
 )  # fmt: skip
 def test_bad_values_name_the_flag(argv, message):
     with pytest.raises(ConfigError) as exc:
         validate(record(*argv))
     assert str(exc.value).startswith(message), str(exc.value)
+
+
+def test_tiers_with_tensor_parallelism_are_accepted(tmp_path):
+    """Tiers under ``--tp-size`` > 1 launch: every rank's chooser is fed rank 0's step timings (``RankZeroTimes``)."""
+    sa = record("--sage-tiers", "[[0, 1], [3, 5]]", "--tp-size", "2",
+                base=["--model-path", "target", "--speculative-algorithm", "sage",
+                      "--speculative-draft-model-path", str(draft_dir(tmp_path, "LlamaForCausalLM"))])  # fmt: skip
+    validate(sa)
+    assert sage_config_of(sa).tiers and sa.tp_size == 2
 
 
 def test_bad_file_value_names_the_file(tmp_path):
@@ -386,6 +394,25 @@ def test_cpu_sampling_requests_take_the_sampling_verify():
     assert greedy(is_all_greedy=True) is True  # greedy batches: unchanged
     assert greedy(use_rejection_sampling=True) is True  # the Triton rejection sampler: SGLang's CPU answer kept
     assert greedy(is_cpu=False) is False
+
+
+def test_parallel_groups_build_no_pynccl_communicator_without_cuda():
+    """Hook 10: without CUDA ``use_pynccl`` reaches upstream as False, by keyword or by position; with CUDA as given."""
+    import torch
+
+    from sage_plugin.runtimes.sglang.hooks import init_model_parallel_group
+
+    seen = []
+
+    def original(group_ranks, local_rank, backend, use_pynccl=None, **kw):
+        seen.append(use_pynccl)
+        return "group"
+
+    assert init_model_parallel_group(original, [[0, 1]], 0, "gloo") == "group"
+    init_model_parallel_group(original, [[0, 1]], 0, "gloo", use_pynccl=True)
+    init_model_parallel_group(original, [[0, 1]], 0, "gloo", True)
+    cuda = torch.cuda.is_available()
+    assert seen == ([None, True, True] if cuda else [False, False, False])
 
 
 def torch_cuda() -> bool:

@@ -21,6 +21,7 @@ from sage_plugin.runtimes.sglang.hooks import (  # noqa: E402
     COMPUTE_LM_HEAD,
     FROM_CLI_ARGS,
     HOOK_TARGETS,
+    INIT_MODEL_PARALLEL_GROUP,
     ORGANIZE_DRAFT_RESULTS,
     OUTPUT_STREAMER_CLASS,
     REPORT_DECODE_STATS,
@@ -41,6 +42,23 @@ HOOK_SHAPES = {
     REPORT_DECODE_STATS: (None, ["self", "can_run_cuda_graph", "running_batch", "num_generated_tokens"]),
     COMPUTE_LM_HEAD: (None, ["self", "hidden_states", "lm_head", "embedding_bias", "out"]),
     UNQUANTIZED_LINEAR: (None, ["self", "layer", "x", "bias"]),
+    INIT_MODEL_PARALLEL_GROUP: (
+        None,
+        [
+            "group_ranks",
+            "local_rank",
+            "backend",
+            "use_pynccl",
+            "use_custom_allreduce",
+            "use_message_queue_broadcaster",
+            "group_name",
+            "use_mscclpp",
+            "use_torch_symm_mem_allreduce",
+            "recovered_rank",
+            "rank_offset",
+            "max_world_size",
+        ],
+    ),
 }
 
 #: Upstream symbols the adapter calls or subclasses (not hooked, but pinned by the same version).

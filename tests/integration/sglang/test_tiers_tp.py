@@ -1,0 +1,108 @@
+"""Tiers under tensor parallelism: every rank runs the same tier at every step.
+
+Two real ``torch.distributed`` gloo ranks (spawned processes) each drive a :class:`SageTierController` over a
+recording worker through the same decode steps (batch sizes, accept lengths: what SGLang's ranks share), but each
+times its steps differently, as real ranks do.  Fed through :class:`RankZeroTimes` (rank 0's timings broadcast every
+few steps) both ranks apply the same tier sequence and end with the same cost table; fed their own timings, the same
+ranks diverge (the control that shows the check can fail).  The server run (TP=2 on CPU, outputs equal to plain TP=2)
+is ``test_e2e_serving.py::test_tensor_parallel_tiers_equal_plain``; the head split of a restricted draft vocabulary
+across ranks is checked in ``test_draft_head_tp.py``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import random
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sage_plugin.core.tiers import TierChooser, parse_tiers  # noqa: E402
+from sage_plugin.runtimes.sglang.tiers import RankZeroTimes, SageTierController  # noqa: E402
+
+from .test_tiers_capture import RecordingWorker  # noqa: E402
+
+TIERS = ((0, 1), (1, 2), (3, 5), (6, 11))
+STEPS = 240
+
+
+def _drive(rank: int, broadcast, steps: int = STEPS) -> tuple[list[tuple[int, int]], dict, int]:
+    """One rank's decode steps: the applied tiers, the chooser's summary, shares made."""
+    chooser = TierChooser(parse_tiers(TIERS), probe_every=4, alpha_bins=0, acceptance="pooled")
+    shared = None if broadcast is None else RankZeroTimes(chooser, rank, broadcast, every=8)
+    ctl = SageTierController(RecordingWorker(6, 11), chooser, shared)
+    ctl.init_states()
+    shared_rng, own_rng = random.Random(0), random.Random(100 + rank)  # rank-identical inputs / this rank's clock
+    for _ in range(steps):
+        bs = shared_rng.choice((1, 2, 4, 8))
+        ctl.activate_step_by_batch(bs)
+        tier = ctl.active
+        # each rank's clock: the same step costs plus its own host noise and a per-rank bias on deep tiers
+        ms = 40 + 6 * tier.draft_tokens + 3 * tier.steps + own_rng.uniform(0, 12) + (9 * rank if tier.steps > 2 else 0)
+        ctl.record_cost(tier, bs, ms / 1000)
+        ctl.record_overhead(own_rng.uniform(0.001, 0.004))
+        ctl.end_step()
+        accepted = [min(tier.steps, shared_rng.choice((0, 0, 1, 1, 2, 3, 5))) for _ in range(bs)]
+        ctl.on_verify_complete(accepted, bs)
+    return ctl.worker.applied, chooser.summary(), 0 if shared is None else shared.shares
+
+
+def _rank_main(rank: int, world: int, init: str, share: bool, out) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        broadcast = (lambda t: dist.broadcast(t, src=0)) if share else None
+        out.put((rank, _drive(rank, broadcast)))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_ranks(tmp_path, share: bool, world: int = 2) -> dict[int, tuple]:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    init = f"file://{tmp_path / ('store_share' if share else 'store_own')}"
+    procs = [ctx.Process(target=_rank_main, args=(r, world, init, share, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return results
+
+
+def test_every_rank_runs_rank_zeros_tier_sequence(tmp_path):
+    res = _run_ranks(tmp_path, share=True)
+    (seq0, summary0, shares0), (seq1, summary1, shares1) = res[0], res[1]
+    assert shares0 == shares1 == STEPS // 8
+    assert seq0 == seq1
+    assert len(set(seq0)) >= 3, seq0  # the tiers were really chosen between, not one shape throughout
+    assert summary0 == summary1
+
+
+def test_ranks_fed_their_own_timings_diverge(tmp_path):
+    """The control: without the share the same ranks choose different tiers (so the test above can fail)."""
+    res = _run_ranks(tmp_path, share=False)
+    assert res[0][0] != res[1][0]
+
+
+def test_a_share_carries_what_rank_zero_measured_in_order():
+    """One process, a stand-in broadcast: the receiving rank's chooser gets rank 0's samples, its own are ignored."""
+    sent: list = []
+
+    def as_rank0(t):
+        sent.append(t.clone())
+
+    def as_rank1(t):
+        t.copy_(sent.pop(0))
+
+    (seq0, s0, _), (seq1, s1, _) = _drive(0, as_rank0, 64), _drive(1, as_rank1, 64)
+    assert seq0 == seq1 and s0 == s1 and not sent
+
+
+def test_share_arguments_are_checked():
+    chooser = TierChooser(parse_tiers(TIERS))
+    with pytest.raises(ValueError, match="every and capacity"):
+        RankZeroTimes(chooser, 0, lambda t: None, every=0)
