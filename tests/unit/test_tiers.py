@@ -258,7 +258,7 @@ def test_alpha_feedback_is_credited_to_the_bin_its_step_ran_in():
 
 
 def test_host_scalar_on_cpu_is_read_at_once():
-    from sage_plugin.runtimes.sglang.tiers import HostScalar
+    from sage_plugin.runtimes.sglang.clock import HostScalar
 
     h = HostScalar("cpu")
     assert h.latest() is None
@@ -398,6 +398,7 @@ class _FakeEvent:
     """A CUDA event stand-in: completes when the test says so; times are set by the test (ms)."""
 
     clock = 0.0
+    waits = 0
 
     def __init__(self, enable_timing: bool = False) -> None:
         self.done, self.t = False, None
@@ -411,11 +412,15 @@ class _FakeEvent:
     def elapsed_time(self, end: "_FakeEvent") -> float:
         return end.t - self.t
 
+    def synchronize(self) -> None:
+        _FakeEvent.waits += 1
+        self.done = True
+
 
 def test_step_clock_on_cuda_reports_steps_in_launch_order_once_their_events_completed(monkeypatch):
     """The CUDA path never waits: a step's time comes back once its end event completed, and never ahead of an
     earlier step's."""
-    from sage_plugin.runtimes.sglang.tiers import StepClock
+    from sage_plugin.runtimes.sglang.clock import StepClock
 
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     clock = StepClock("cuda")
@@ -431,3 +436,44 @@ def test_step_clock_on_cuda_reports_steps_in_launch_order_once_their_events_comp
     assert clock.stop(clock.start(), "s3") == []
     events[0].done = True
     assert clock.stop(clock.start(), "s4") == [("s0", 0.01), ("s1", 0.02)]
+
+
+def _fake_cuda_host_scalar(monkeypatch, fixed_lag):
+    from sage_plugin.runtimes.sglang.clock import HostScalar
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(HostScalar, "_pinned", staticmethod(lambda: torch.zeros(())))
+    _FakeEvent.waits = 0
+    return HostScalar("cuda", fixed_lag=fixed_lag)
+
+
+def test_host_scalar_on_cuda_reads_the_newest_completed_copy_without_waiting(monkeypatch):
+    h = _fake_cuda_host_scalar(monkeypatch, None)
+    h.push(torch.tensor(1.0))
+    h.push(torch.tensor(2.0))
+    assert h.latest() is None  # nothing completed: no wait, no value yet
+    h._open._open[1][1].done = True  # the newer completed first: held back behind the older
+    assert h.latest() is None
+    h._open._open[0][1].done = True
+    assert h.latest() == 2.0 and _FakeEvent.waits == 0
+
+
+@pytest.mark.parametrize("lag", [1, 2, 3])
+def test_host_scalar_at_a_fixed_lag_reads_the_value_pushed_lag_pushes_ago(monkeypatch, lag):
+    """Tensor parallelism on CUDA: every rank reads the same value at the same step, whatever its events did."""
+    h = _fake_cuda_host_scalar(monkeypatch, lag)
+    seen = []
+    for k in range(10):
+        h.push(torch.tensor(float(k)))
+        if k % 3 == 0 and h._lagged:
+            h._lagged[0][1].done = True  # some copies done by themselves, the others waited for
+        seen.append(h.latest())
+    assert seen == [None] * lag + [float(k - lag) for k in range(lag, 10)]
+    assert 0 < _FakeEvent.waits < 10 - lag
+
+
+def test_host_scalar_lag_range():
+    from sage_plugin.runtimes.sglang.clock import HostScalar
+
+    with pytest.raises(ValueError, match="fixed_lag"):
+        HostScalar("cpu", fixed_lag=4)

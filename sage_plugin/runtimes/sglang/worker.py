@@ -48,7 +48,8 @@ from .lag import DraftLag
 from .meta import SageRoundDevice
 from .offstep import DecodeVerifyTarget
 from .selection import BeamSelection
-from .tiers import HostScalar, RankZeroTimes, SageTierController, StepClock, TierSwitchLogFilter
+from .clock import HostScalar, StepClock
+from .tiers import RankZeroTimes, SageTierController, TierSwitchLogFilter
 
 __all__ = ["BeamSelection", "SageDraftWorker", "SageEagleDraftWorker", "SageEagleWorkerV2", "SageWorkerV2"]
 
