@@ -151,6 +151,9 @@ class SageConfig:
     # the off tier's target forward runs as SGLang's DECODE forward instead of a one-node TARGET_VERIFY (CPU; same
     # tokens, slots and logits; docs/sglang.md, "The speculation-off tier as a DECODE forward")
     tier_off_decode: bool = True
+    # keep SGLang's overlap scheduler on a CPU server (it is on by default on GPUs); off by default on CPU, where it
+    # served 3-7% slower than without (docs/sglang.md, "Overlap scheduling"); on, the CPU runs the GPU's code path
+    cpu_overlap: bool = False
     theta0: float = 0.1  # theta_l = theta0 * l / D
     alpha_init: float = 0.5
     first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)
@@ -214,6 +217,7 @@ class SageConfig:
         _choice("tier_acceptance", self.tier_acceptance, ("pooled", "per_tier"))
         _int_in("tier_off_lag", self.tier_off_lag, 0, 1024)
         _bool("tier_off_decode", self.tier_off_decode)
+        _bool("cpu_overlap", self.cpu_overlap)
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
         if self.rerank_nodes and self.topology == "planned":
             raise ConfigError(

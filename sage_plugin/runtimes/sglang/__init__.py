@@ -143,7 +143,7 @@ def _register_algorithm() -> None:
             raise RuntimeError(f"speculative algorithm {name} is already registered by someone else: {existing!r}")
         SpeculativeAlgorithm.register(
             name,
-            supports_overlap=False,  # the SAGE worker runs with the overlap scheduler off (handle_server_args)
+            supports_overlap=True,  # on CPU handle_server_args turns it off unless cpu_overlap
             validate_server_args=validate_server_args,
             spec_class=spec_class,
         )(factory)

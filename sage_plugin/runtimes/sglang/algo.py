@@ -190,8 +190,9 @@ class SageSpecAlgo(CustomSpecAlgo):
     """The ``SAGE`` speculative algorithm as SGLang's scheduler, workers and resolution see it.
 
     Predicates mirror ``SpeculativeAlgorithm.STANDALONE`` (a separate draft model, EAGLE's tree
-    verify).  ``supports_overlap`` is False for now (set at registration): :meth:`handle_server_args`
-    therefore turns overlap scheduling off on every device.
+    verify).  Registered with ``supports_overlap=True``: SGLang's overlap scheduler runs the SAGE worker (its
+    feedback a step late, matched to its step in launch order); :meth:`handle_server_args` turns it off on CPU
+    unless ``cpu_overlap``.
     """
 
     #: the built-in algorithm whose plumbing this variant takes (see the module table)
@@ -255,8 +256,8 @@ class SageSpecAlgo(CustomSpecAlgo):
           draft tokens = the node budget + 1);
         * with ``--sage-tiers``: steps and draft tokens are the largest tier's (the worker builds the others);
         * ``max_running_requests`` defaults to 48, as for EAGLE/STANDALONE;
-        * ``disable_overlap_schedule``: always on, since SAGE registers ``supports_overlap=False`` for now
-          (on CPU SGLang has no speculative overlap at all);
+        * ``disable_overlap_schedule``: on for a CPU server unless ``cpu_overlap`` (measured slower there; hook 11
+          gives the overlap path its CPU gather), as given elsewhere;
         * ``enable_mixed_chunk``: off (STANDALONE does not support it either).
         """
         cfg = sage_config_of(server_args)
@@ -281,9 +282,9 @@ class SageSpecAlgo(CustomSpecAlgo):
         )
         if server_args.max_running_requests is None:
             server_args.max_running_requests = 48
-        if not server_args.disable_overlap_schedule and (server_args.device == "cpu" or not self.supports_overlap):
+        if not server_args.disable_overlap_schedule and server_args.device == "cpu" and not cfg.cpu_overlap:
             server_args.disable_overlap_schedule = True
-            logger.warning("SAGE: overlap scheduling disabled (not supported by the SAGE worker yet)")
+            logger.info("SAGE: overlap scheduling off on CPU (--sage-cpu-overlap true keeps it on)")
         if server_args.enable_mixed_chunk:
             server_args.enable_mixed_chunk = False
             logger.warning("SAGE: mixed chunked prefill disabled (not supported by the SAGE worker)")

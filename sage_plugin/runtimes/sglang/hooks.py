@@ -1,5 +1,5 @@
-"""The only place SAGE patches SGLang: ten ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
-CPU linear layers, CPU tensor parallelism).
+"""The only place SAGE patches SGLang: eleven ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
+CPU linear layers, CPU tensor parallelism, CPU overlap scheduling).
 
 SGLang 0.5.23 has no API for plugin-owned command-line flags (``docs/sglang.md``, "Flags"),
 so the plugin wraps the two functions of its parse path.  Each hook has an entry in ``patches/INDEX.md``;
@@ -51,6 +51,9 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
 * :func:`init_model_parallel_group` (AROUND ``sglang.srt.distributed.parallel_state.init_model_parallel_group``):
   without CUDA no group builds a PyNccl communicator (upstream builds one on CPU too, which stops every
   ``--tp-size`` > 1 CPU launch); the groups' collectives take their gloo group as upstream's CPU branches do.
+* :func:`gather_spec_extras` (AROUND ``sglang.kernels.ops.speculative.gather_spec_extras.gather_spec_extras``): the
+  overlap scheduler's row gather of the speculative relay buffers, a Triton kernel upstream, runs in torch for CPU
+  tensors, so speculative serving on CPU can keep SGLang's overlap scheduler.
 
 Hooks are registered by :func:`install_hooks` (from ``register()``) and applied by SGLang's
 ``load_plugins()`` after every plugin ran.  Hook functions here import nothing from SGLang.
@@ -79,6 +82,7 @@ __all__ = [
     "report_decode_stats",
     "verify_uses_greedy",
     "init_model_parallel_group",
+    "gather_spec_extras",
 ]
 
 logger = logging.getLogger(__name__)
@@ -98,6 +102,7 @@ REPORT_DECODE_STATS = (
 COMPUTE_LM_HEAD = "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head"
 UNQUANTIZED_LINEAR = "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply"
 INIT_MODEL_PARALLEL_GROUP = "sglang.srt.distributed.parallel_state.init_model_parallel_group"
+GATHER_SPEC_EXTRAS = "sglang.kernels.ops.speculative.gather_spec_extras.gather_spec_extras"
 #: Prometheus gauge -> (key of the SAGE worker's ``sage_stats()``, help text)
 PROMETHEUS_GAUGES = {
     "sglang:sage_rounds": ("sage_rounds", "SAGE: drafted request-rounds since start."),
@@ -279,6 +284,23 @@ def init_model_parallel_group(original: Callable[..., Any], *args: Any, **kwargs
     return original(*args, **kwargs)
 
 
+def gather_spec_extras(
+    original: Callable[..., Any], indices: Any, topk_p_buf: Any, topk_index_buf: Any, output_tokens_buf: Any,
+    hidden_states_buf: Any,
+) -> Any:  # fmt: skip
+    """AROUND ``gather_spec_extras(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)``.
+
+    The overlap scheduler hands each speculative step its draft inputs (top probabilities and ids, bonus tokens,
+    hidden states) by gathering rows of the relay buffers; upstream's one implementation is a Triton kernel, which
+    has no CPU driver.  CPU tensors take the same row gather in torch (``index_select``); others the original.
+    """
+    if indices.device.type != "cpu":
+        return original(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
+    idx = indices.long()
+    bufs = (topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
+    return tuple(None if b is None else b.index_select(0, idx) for b in bufs)
+
+
 def _sage_draft_worker(scheduler: Any) -> Any:
     draft = getattr(getattr(scheduler, "draft_worker", None), "_draft_worker", None)
     return draft if draft is not None and hasattr(draft, "sage_stats") else None
@@ -320,6 +342,7 @@ HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = (
     (COMPUTE_LM_HEAD, compute_lm_head),
     (UNQUANTIZED_LINEAR, unquantized_linear),
     (INIT_MODEL_PARALLEL_GROUP, init_model_parallel_group),
+    (GATHER_SPEC_EXTRAS, gather_spec_extras),
 )
 HOOK_TARGETS: tuple[str, ...] = tuple(target for target, _ in HOOKS)
 

@@ -43,12 +43,12 @@ from sage_plugin.core.tiers import TierChooser, parse_tiers
 from sage_plugin.models import draft_head_ids
 
 from .args import sage_config_of
+from .clock import HostScalar, StepClock
 from .hooks import ACTIVE_SELECTION
 from .lag import DraftLag
 from .meta import SageRoundDevice
 from .offstep import DecodeVerifyTarget
 from .selection import BeamSelection
-from .clock import HostScalar, StepClock
 from .tiers import RankZeroTimes, SageTierController, TierSwitchLogFilter
 
 __all__ = ["BeamSelection", "SageDraftWorker", "SageEagleDraftWorker", "SageEagleWorkerV2", "SageWorkerV2"]

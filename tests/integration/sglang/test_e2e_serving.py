@@ -215,14 +215,18 @@ def test_sampling_requests_are_sampled_not_argmax(servers, kv_start):
 def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
     """``--sage-tiers``: every tier (speculation off included) is built at start-up through SGLang's adaptive runtime
     states and runs (a probe every 2 steps cycles them); outputs stay token-identical to plain serving, the KV pool
-    returns to its start, and the server reports each tier's steps, expected tokens and measured cost."""
+    returns to its start, and the server reports each tier's steps, expected tokens and measured cost.  The server
+    keeps SGLang's overlap scheduler (``--sage-cpu-overlap true``: the path GPU servers take, the tier chooser's
+    feedback a step late) where the module's default server runs without it."""
     plain, _ = servers
     tiers = [[0, 1], [1, 2], [3, 5], [6, 11]]
     server = Server(["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
                      "--speculative-draft-model-path", str(_draft_dir(target_dir)),
-                     "--sage-tiers", str(tiers), "--sage-tier-probe-every", "2", "--sage-tier-off-lag", "8"],
+                     "--sage-tiers", str(tiers), "--sage-tier-probe-every", "2", "--sage-tier-off-lag", "8",
+                     "--sage-cpu-overlap", "true"],
                     launch_env, tmp_path / "tiers.log")  # fmt: skip
     try:
+        assert server.get("/server_info")["disable_overlap_schedule"] is False
         server.post("/flush_cache", {})
         kv0 = server.get("/server_info")["internal_states"][0]["sage"]["kv_available_tokens"]
         prompts = _prompts(12)

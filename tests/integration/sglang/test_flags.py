@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("sglang")
 
@@ -271,6 +273,16 @@ def test_handle_server_args_defaults():
     assert view.max_running_requests == 48
 
 
+def test_overlap_scheduling_on_cpu_only_with_cpu_overlap():
+    """SAGE registers overlap support; a CPU server turns it off unless --sage-cpu-overlap (measured slower there)."""
+    assert SpeculativeAlgorithm.from_string("sage").supports_overlap
+    assert resolved(record("--device", "cpu", "--sage-cpu-overlap", "true")).disable_overlap_schedule is False
+    assert resolved(
+        record("--device", "cpu", "--disable-overlap-schedule", "--sage-cpu-overlap", "true")
+    ).disable_overlap_schedule
+    assert resolved(record("--device", "cuda")).disable_overlap_schedule is False
+
+
 def test_handle_server_args_follows_the_config():
     view = resolved(record("--sage-k", "4", "--sage-w-max", "4", "--sage-use-history", "false", "--sage-d-max", "6",
                            "--sage-first-round-static", "false", "--sage-n-max", "20"))  # fmt: skip
@@ -413,6 +425,25 @@ def test_parallel_groups_build_no_pynccl_communicator_without_cuda():
     init_model_parallel_group(original, [[0, 1]], 0, "gloo", True)
     cuda = torch.cuda.is_available()
     assert seen == ([None, True, True] if cuda else [False, False, False])
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 9), m=st.integers(0, 12), hidden=st.booleans(), seed=st.integers(0, 2**16))
+def test_spec_extras_gather_on_cpu_equals_indexing(rows, m, hidden, seed):
+    """Hook 11: the overlap scheduler's relay gather on CPU is row indexing of every buffer by the shared index."""
+    from sage_plugin.runtimes.sglang.hooks import gather_spec_extras
+
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, rows, (m,), generator=g, dtype=torch.int32)
+    bufs = (torch.rand(rows, 4, generator=g), torch.randint(0, 99, (rows, 4), generator=g),
+            torch.randint(0, 99, (rows,), generator=g), torch.rand(rows, 3, 5, generator=g) if hidden else None)  # fmt: skip
+
+    def never(*args):
+        raise AssertionError("CPU tensors must not reach the Triton kernel")
+
+    out = gather_spec_extras(never, idx, *bufs)
+    for got, buf in zip(out, bufs):
+        assert (got is None) if buf is None else torch.equal(got, buf[idx.long()])
 
 
 def torch_cuda() -> bool:

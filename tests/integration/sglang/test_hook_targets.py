@@ -20,6 +20,7 @@ from sage_plugin.runtimes.sglang.hooks import (  # noqa: E402
     ADD_SPECULATIVE_STATE,
     COMPUTE_LM_HEAD,
     FROM_CLI_ARGS,
+    GATHER_SPEC_EXTRAS,
     HOOK_TARGETS,
     INIT_MODEL_PARALLEL_GROUP,
     ORGANIZE_DRAFT_RESULTS,
@@ -42,6 +43,7 @@ HOOK_SHAPES = {
     REPORT_DECODE_STATS: (None, ["self", "can_run_cuda_graph", "running_batch", "num_generated_tokens"]),
     COMPUTE_LM_HEAD: (None, ["self", "hidden_states", "lm_head", "embedding_bias", "out"]),
     UNQUANTIZED_LINEAR: (None, ["self", "layer", "x", "bias"]),
+    GATHER_SPEC_EXTRAS: (None, ["indices", "topk_p_buf", "topk_index_buf", "output_tokens_buf", "hidden_states_buf"]),
     INIT_MODEL_PARALLEL_GROUP: (
         None,
         [
