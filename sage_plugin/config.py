@@ -154,6 +154,10 @@ class SageConfig:
     # keep SGLang's overlap scheduler on a CPU server (it is on by default on GPUs); off by default on CPU, where it
     # served 3-7% slower than without (docs/sglang.md, "Overlap scheduling"); on, the CPU runs the GPU's code path
     cpu_overlap: bool = False
+    # tensor parallelism: broadcast each step's verified tree (and the tier chooser's alpha) from rank 0, so ranks
+    # whose draft scores differ still verify the same tokens: auto = where SGLang itself broadcasts the verify result
+    # (ROCm, a batch with sampling requests), tree = every step, off = never (docs/sglang.md, "Tensor parallelism")
+    tp_sync: str = "auto"
     theta0: float = 0.1  # theta_l = theta0 * l / D
     alpha_init: float = 0.5
     first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)
@@ -218,6 +222,7 @@ class SageConfig:
         _int_in("tier_off_lag", self.tier_off_lag, 0, 1024)
         _bool("tier_off_decode", self.tier_off_decode)
         _bool("cpu_overlap", self.cpu_overlap)
+        _choice("tp_sync", self.tp_sync, ("auto", "tree", "off"))
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
         if self.rerank_nodes and self.topology == "planned":
             raise ConfigError(

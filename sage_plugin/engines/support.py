@@ -27,6 +27,7 @@ _NOT_READ = {
     "tier_off_decode": _NO_TIERS,
     "tier_alpha_bins": _NO_TIERS,
     "cpu_overlap": "one process, no scheduler to overlap",
+    "tp_sync": "one process, no tensor-parallel ranks",
 }
 
 REFERENCE_SUPPORT = RuntimeSupport(

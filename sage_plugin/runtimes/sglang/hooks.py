@@ -160,6 +160,8 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
         section["tiers"] = tiers.chooser.summary()
         section["tier_switches"] = tiers.switches
         section["off_decode_steps"] = worker.sage_off_decode_steps  # --sage-tier-off-decode (offstep.py)
+    if getattr(draft, "sage_tp", None) is not None:  # --tp-size > 1: steps whose tree came from rank 0 (tp_sync)
+        section["tp_tree_syncs"] = draft.sage_tp_syncs
     lag = getattr(draft, "sage_lag", None)
     if lag is not None:  # --sage-tier-off-lag: off steps that skipped the draft extend, and the catch-ups (lag.py)
         section["off_lag"] = {"skipped_extends": lag.skipped, "catch_ups": lag.catch_ups}

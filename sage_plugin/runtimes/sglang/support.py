@@ -65,6 +65,7 @@ SGLANG_SUPPORT = RuntimeSupport(
         "tier_off_decode": Honoured(note="CPU; CUDA verifies the root in its captured TARGET_VERIFY graph"),
         "tier_alpha_bins": _ALL,
         "cpu_overlap": Honoured(note="CPU servers; on GPUs SGLang's overlap scheduler stays on unless disabled"),
+        "tp_sync": _ALL,
     },
     not_read={
         "pad_forwards": "with node_budget auto only (a fixed verify width has nothing to pad)",

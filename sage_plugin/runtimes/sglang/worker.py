@@ -35,6 +35,7 @@ from sglang.srt.managers.auxiliary_output import append_auxiliary_output
 from sglang.srt.speculative.base_spec_worker import EagleDraftWorkerBase
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, StandaloneWorkerV2
+from sglang.srt.utils import is_hip
 
 from sage_plugin.config import SageConfig
 from sage_plugin.core.entropy import root_confidence
@@ -50,6 +51,7 @@ from .meta import SageRoundDevice
 from .offstep import DecodeVerifyTarget
 from .selection import BeamSelection
 from .tiers import RankZeroTimes, SageTierController, TierSwitchLogFilter
+from .tpsync import sync_due, sync_verify_input
 
 __all__ = ["BeamSelection", "SageDraftWorker", "SageEagleDraftWorker", "SageEagleWorkerV2", "SageWorkerV2"]
 
@@ -78,6 +80,8 @@ class SageDraftMixin(EagleDraftWorkerBase):
         self._stats_host = None
         self.sage_round: torch.Tensor | None = None
         self.sage_lag: DraftLag | None = None
+        self.sage_tp = tp_sync_group(cfg)
+        self.sage_tp_syncs = 0  # drafted steps whose verify input was broadcast from rank 0 (GET /server_info)
 
     def _ensure_sage_state(self) -> None:
         if self.sage_slots is not None:
@@ -114,6 +118,9 @@ class SageDraftMixin(EagleDraftWorkerBase):
             out = super().draft(batch, with_topology=with_topology)
         finally:
             ACTIVE_SELECTION.reset(token)
+        if self.sage_tp is not None and tp_sync_due(self.sage_cfg, batch):
+            sync_verify_input(out, self.sage_tp.broadcast)  # every rank verifies rank 0's tree
+            self.sage_tp_syncs += 1
         upd = torch.stack(
             [
                 torch.full_like(shape.alpha, 1.0),
@@ -206,6 +213,19 @@ class SageDraftMixin(EagleDraftWorkerBase):
             "sage_mean_shaped_nodes": v["shaped_sum"] / n,
             "sage_mean_accept_length": v["accept_sum"] / n,
         }
+
+
+def tp_sync_group(cfg: SageConfig) -> Any:
+    """The tensor-parallel group that broadcasts trees under ``tp_sync`` (None: one rank, or ``tp_sync: off``)."""
+    tp = get_tp_group()
+    return tp if tp.world_size > 1 and cfg.tp_sync != "off" else None
+
+
+def tp_sync_due(cfg: SageConfig, batch: Any) -> bool:
+    """:func:`.tpsync.sync_due` for this step (the batch's greedy flag is the same on every rank)."""
+    info = getattr(batch, "sampling_info", None)
+    greedy = bool(getattr(info, "is_all_greedy", True))
+    return sync_due(cfg.tp_sync, get_tp_group().world_size, is_hip(), greedy)
 
 
 class DraftHeadRows(torch.nn.Module):
@@ -311,6 +331,7 @@ class SageWorkerMixin:
                                            lambda t: torch.distributed.broadcast(t, src=src, group=group))  # fmt: skip
                 self.sage_tiers = SageTierController(self, chooser, shared)
                 self._sage_alpha = HostScalar(self.device, fixed_lag=HostScalar.RING - 1 if shared else None)
+                self._sage_tp = tp_sync_group(cfg)
                 self.adaptive_controller = self.sage_tiers
                 logging.getLogger(EAGLEWorkerV2.__module__).addFilter(TierSwitchLogFilter())
         logger.info("SAGE worker ready (%s): %s", type(self).__name__, cfg.to_dict())
@@ -388,7 +409,10 @@ class SageWorkerMixin:
         if lag is not None and lag.behind():  # no root distribution to read
             return None
         if topk_p is not None and topk_p.dim() == 2 and topk_p.shape[0] > 0:
-            self._sage_alpha.push(root_confidence(topk_p, self.sage_cfg.k).mean())
+            alpha = root_confidence(topk_p, self.sage_cfg.k).mean()
+            if self._sage_tp is not None and tp_sync_due(self.sage_cfg, batch):
+                self._sage_tp.broadcast(alpha)  # in place: the tier choice follows rank 0's alpha
+            self._sage_alpha.push(alpha)
         return self._sage_alpha.latest()
 
 

@@ -49,6 +49,7 @@ _TIERS = {
     "tier_off_decode": "no tiers",
     "tier_alpha_bins": "no tiers",
     "cpu_overlap": "TensorRT-LLM's own disable_overlap_scheduler decides (the drafter needs it off)",
+    "tp_sync": "the drafter proposes one chain for every rank",
 }
 
 _CHAIN = "a chain keeps each of its D levels: the level-inclusion rule (Eq. 12) shapes trees"

@@ -271,7 +271,8 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
 def test_tensor_parallel_tiers_equal_plain(target_dir, launch_env, tmp_path):
     """``--tp-size 2`` on CPU (gloo, one core per rank; the plugin keeps SGLang from building a PyNccl communicator
     without CUDA): SAGE with its restricted draft vocabulary split across the ranks and tiers chosen from rank 0's
-    timings serves the plain TP=2 server's tokens; ranks running different shapes would fail the step."""
+    timings serves the plain TP=2 server's tokens; ranks running different shapes would fail the step.  Sampling
+    requests take ``tp_sync: auto``'s tree broadcast."""
     import os
 
     if (os.cpu_count() or 1) < 2:
@@ -291,6 +292,10 @@ def test_tensor_parallel_tiers_equal_plain(target_dir, launch_env, tmp_path):
         prompts = _prompts(8)
         ref = parallel(lambda p: plain.generate(p, 32), prompts)
         got = parallel(lambda p: sage.generate(p, 32), prompts)
+        # sampling requests: tp_sync auto broadcasts their trees from rank 0 (as SGLang broadcasts their verify)
+        params = {"max_new_tokens": 24, "temperature": 1.0, "top_p": 0.95, "top_k": 50}
+        syncs = sage.get("/server_info")["internal_states"][0]["sage"]["tp_tree_syncs"]
+        sampled = parallel(lambda p: sage.post("/generate", {"text": p, "sampling_params": params}), prompts[:4])
         info = sage.get("/server_info")["internal_states"][0]["sage"]
     finally:
         sage.stop()
@@ -298,5 +303,8 @@ def test_tensor_parallel_tiers_equal_plain(target_dir, launch_env, tmp_path):
     for r, g in zip(ref, got):
         assert g["output_ids"] == r["output_ids"], (r["text"], g["text"])
     assert sum(g["meta_info"]["spec_accept_length"] > 1.0 for g in got) >= len(got) // 2  # the drafts are accepted
+    for one in sampled:
+        assert one["meta_info"]["completion_tokens"] >= 1 and one["meta_info"]["spec_verify_ct"] >= 1, one
+    assert syncs == 0 < info["tp_tree_syncs"], info  # greedy batches: no broadcast; sampling ones: rank 0's trees
     report = info["tiers"]
     assert sum(report[f"{s}:{n}"]["steps"] > 0 for s, n in tiers) >= 2 and info["tier_switches"] > 0, info

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import random
+import types
 
 import pytest
+import torch
 
 pytest.importorskip("sglang")
 
 from sage_plugin.core.tiers import TierChooser, parse_tiers  # noqa: E402
 from sage_plugin.runtimes.sglang.tiers import RankZeroTimes, SageTierController  # noqa: E402
+from sage_plugin.runtimes.sglang.tpsync import sync_due, sync_verify_input  # noqa: E402
 
 from .test_tiers_capture import RecordingWorker  # noqa: E402
 
@@ -48,22 +51,50 @@ def _drive(rank: int, broadcast, steps: int = STEPS) -> tuple[list[tuple[int, in
     return ctl.worker.applied, chooser.summary(), 0 if shared is None else shared.shares
 
 
-def _rank_main(rank: int, world: int, init: str, share: bool, out) -> None:
+def _tree_of(rank: int) -> types.SimpleNamespace:
+    """A verify input as SGLang builds it, with rank-specific draft tokens and scores (a non-contiguous positions
+    view, a bool mask, no draft probabilities)."""
+    g = torch.Generator().manual_seed(rank)
+    return types.SimpleNamespace(
+        draft_token=torch.randint(0, 1000, (8,), generator=g),
+        custom_mask=torch.rand(2, 16, generator=g) > 0.5,
+        positions=torch.arange(24).reshape(8, 3)[:, 1] + rank,
+        retrieve_index=torch.randint(0, 8, (2, 4), generator=g),
+        retrieve_next_token=torch.randint(-1, 4, (2, 4), generator=g),
+        retrieve_next_sibling=torch.randint(-1, 4, (2, 4), generator=g),
+        retrieve_cum_len=None,
+        draft_probs=None,
+        spec_steps=3,
+    )
+
+
+def _sync_trees(rank: int, broadcast) -> dict:
+    tree, parents, top = _tree_of(rank), torch.tensor([rank, 7]), torch.tensor([[rank]])
+    sync_verify_input((tree, parents, top), broadcast)
+    mine = {k: v for k, v in vars(tree).items() if isinstance(v, torch.Tensor)}
+    return {"tree": mine, "rank0": {k: getattr(_tree_of(0), k) for k in mine}, "topology": (parents, top)}
+
+
+def _rank_main(rank: int, world: int, init: str, job: str, out) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        broadcast = (lambda t: dist.broadcast(t, src=0)) if share else None
-        out.put((rank, _drive(rank, broadcast)))
+        broadcast = lambda t: dist.broadcast(t, src=0)  # noqa: E731
+        if job == "trees":
+            out.put((rank, _sync_trees(rank, broadcast)))
+        else:
+            out.put((rank, _drive(rank, broadcast if job == "share" else None)))
     finally:
         dist.destroy_process_group()
 
 
-def _run_ranks(tmp_path, share: bool, world: int = 2) -> dict[int, tuple]:
+def _run_ranks(tmp_path, share: bool | str, world: int = 2) -> dict[int, tuple]:
+    job = share if isinstance(share, str) else ("share" if share else "own")
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    init = f"file://{tmp_path / ('store_share' if share else 'store_own')}"
-    procs = [ctx.Process(target=_rank_main, args=(r, world, init, share, out)) for r in range(world)]
+    init = f"file://{tmp_path / ('store_' + job)}"
+    procs = [ctx.Process(target=_rank_main, args=(r, world, init, job, out)) for r in range(world)]
     for p in procs:
         p.start()
     results = dict(out.get(timeout=120) for _ in procs)
@@ -106,3 +137,27 @@ def test_share_arguments_are_checked():
     chooser = TierChooser(parse_tiers(TIERS))
     with pytest.raises(ValueError, match="every and capacity"):
         RankZeroTimes(chooser, 0, lambda t: None, every=0)
+
+
+def test_tp_sync_gives_every_rank_rank_zeros_tree(tmp_path):
+    """``tp_sync``: two gloo ranks with different trees both end with rank 0's (every tensor, the non-contiguous
+    positions view written back in place, the topology tensors too); without the sync they differ."""
+    res = _run_ranks(tmp_path, "trees")
+    assert not torch.equal(_tree_of(0).draft_token, _tree_of(1).draft_token)
+    for rank in (0, 1):
+        tree, rank0 = res[rank]["tree"], res[rank]["rank0"]
+        assert set(tree) == {"draft_token", "custom_mask", "positions", "retrieve_index", "retrieve_next_token",
+                             "retrieve_next_sibling"}  # fmt: skip
+        for name, t in tree.items():
+            assert torch.equal(t, rank0[name]), (rank, name)
+        parents, top = res[rank]["topology"]
+        assert parents.tolist() == [0, 7] and top.tolist() == [[0]]
+
+
+@pytest.mark.parametrize(
+    ("mode", "world", "hip", "greedy", "due"),
+    [("auto", 2, False, True, False), ("auto", 2, False, False, True), ("auto", 2, True, True, True),
+     ("tree", 2, False, True, True), ("off", 2, True, False, False), ("tree", 1, True, False, False)],
+)  # fmt: skip
+def test_tp_sync_is_due_where_sglang_broadcasts_its_verify(mode, world, hip, greedy, due):
+    assert sync_due(mode, world, hip, greedy) is due
