@@ -128,8 +128,12 @@ def test_the_chooser_sees_no_alpha_while_the_draft_is_behind():
     from sage_plugin.runtimes.sglang.worker import SageWorkerMixin
 
     lag = DraftLag(4, 4, 2, "cpu")
-    worker = types.SimpleNamespace(_draft_worker=types.SimpleNamespace(sage_lag=lag), _sage_alpha=HostScalar("cpu"),
-                                   sage_cfg=SageConfig())  # fmt: skip
+    worker = types.SimpleNamespace(
+        _draft_worker=types.SimpleNamespace(sage_lag=lag),
+        _sage_alpha=HostScalar("cpu"),
+        sage_cfg=SageConfig(),
+        _sage_tp=None,  # one rank: no tp_sync broadcast
+    )
     topk_p = torch.tensor([[0.9, 0.05, 0.03, 0.02], [0.4, 0.3, 0.2, 0.1]])
     batch = types.SimpleNamespace(spec_info=types.SimpleNamespace(topk_p=topk_p))
     want = float(root_confidence(topk_p, SageConfig().k).mean())

@@ -86,7 +86,7 @@ def test_entry_point_is_declared():
 def test_load_plugins_registers_sage(fresh):
     assert fresh["class"] == "sage_plugin.runtimes.sglang.algo.SageSpecAlgo"
     assert fresh["name"] == "SAGE"
-    assert fresh["supports_overlap"] is False
+    assert fresh["supports_overlap"] is True  # a CPU server turns overlap off unless cpu_overlap (handle_server_args)
     assert fresh["factory"] == "sage_worker_factory"
 
 

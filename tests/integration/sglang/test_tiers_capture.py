@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("sglang")
 
+from sglang.srt.runtime_context import get_parallel  # noqa: E402
 from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState  # noqa: E402
 from sglang.srt.speculative.base_spec_worker import EagleDraftWorkerBase  # noqa: E402
 
@@ -100,7 +101,9 @@ def test_every_capture_runs_with_sages_selection():
         pass
 
     draft = RecordingSageDraft()
-    draft.init_sage(SageConfig(k=4, w_max=4))
+    with get_parallel().override(tp_group=types.SimpleNamespace(world_size=1)):  # one rank, as SGLang builds it
+        draft.init_sage(SageConfig(k=4, w_max=4))
+    assert draft.sage_tp is None  # no tree broadcast with one rank
     draft.topk, draft.device = 4, "cpu"
     draft.req_to_token_pool = types.SimpleNamespace(size=8)
     for _ in range(3):  # start-up, then one capture per tier (build_adaptive_runtime_state)
