@@ -154,6 +154,9 @@ class SageConfig:
     # keep SGLang's overlap scheduler on a CPU server (it is on by default on GPUs); off by default on CPU, where it
     # served 3-7% slower than without (docs/sglang.md, "Overlap scheduling"); on, the CPU runs the GPU's code path
     cpu_overlap: bool = False
+    # node_budget auto: stop drafting when even the best the next level could add (one child per node of the last
+    # level with its parent's probability) cannot pay for that level's forward (core/cost.next_level_can_pay)
+    lookahead: bool = True
     # tensor parallelism: broadcast each step's verified tree (and the tier chooser's alpha) from rank 0, so ranks
     # whose draft scores differ still verify the same tokens: auto = where SGLang itself broadcasts the verify result
     # (ROCm, a batch with sampling requests), tree = every step, off = never (docs/sglang.md, "Tensor parallelism")
@@ -222,6 +225,7 @@ class SageConfig:
         _int_in("tier_off_lag", self.tier_off_lag, 0, 1024)
         _bool("tier_off_decode", self.tier_off_decode)
         _bool("cpu_overlap", self.cpu_overlap)
+        _bool("lookahead", self.lookahead)
         _choice("tp_sync", self.tp_sync, ("auto", "tree", "off"))
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
         if self.rerank_nodes and self.topology == "planned":

@@ -47,6 +47,7 @@ ABLATIONS: dict[str, str] = {
     "sage-planned": "sage:topology=planned",
     "sage-history-relative": "sage:history_mode=relative",  # thresholds relative to the draft's running mean
     "sage-paper-relative": "sage:node_budget=fixed,rerank_pool=kept,history_mode=relative",
+    "sage-no-lookahead": "sage:lookahead=false",  # stop drafting only where the cut leaves the newest level out
     "sage-unpadded": "sage:pad_forwards=false",  # forwards at their own size, priced by the running maximum
     "sage-dcap8": "sage:d_cap=8",
     "sage-dcap12": "sage:d_cap=12",

@@ -41,9 +41,17 @@ from dataclasses import dataclass
 
 import torch
 
-from .expand import DraftPool, budget_top_n, node_values
+from .expand import NEG_INF, DraftPool, budget_top_n, node_values
 
-__all__ = ["RoundCost", "best_count", "cheapest_at_least", "cost_cut", "expected_yield", "interpolate"]
+__all__ = [
+    "RoundCost",
+    "best_count",
+    "cheapest_at_least",
+    "cost_cut",
+    "expected_yield",
+    "interpolate",
+    "next_level_can_pay",
+]
 
 
 def cheapest_at_least(ms: Sequence[float]) -> tuple[list[float], list[int]]:
@@ -171,3 +179,32 @@ def cost_cut(pool: DraftPool, round_ms: torch.Tensor) -> torch.Tensor:
     filled, node_logp = node_values(pool)
     q = best_count(node_logp, round_ms)
     return budget_top_n(filled, node_logp, q.expand(pool.count.shape[0]))
+
+
+def next_level_can_pay(
+    pool: DraftPool, level: int, round_ms: torch.Tensor, next_round_ms: torch.Tensor
+) -> torch.Tensor:  # fmt: skip
+    """0-dim bool: could one more draft level raise the best expected tokens per millisecond?
+
+    The best rate now is ``max_q E(q) / round_ms[q]`` over the pool's nodes.  The next level's children of a node
+    together have at most the node's own path probability, so the most the level can add is one virtual child per
+    node of ``level`` carrying its parent's probability; with them the best rate is at most
+    ``max_q E'(q) / next_round_ms[q]`` (``next_round_ms``: the round with one more draft forward).  When even that
+    bound does not beat the rate now, the level cannot pay and drafting stops.
+
+    Args:
+        pool: the round's pool after ``level``'s step.
+        level: the deepest level drafted so far.
+        round_ms, next_round_ms: ``[N + 1]`` round cost for ``q = 0..N`` nodes with the forwards run so far and with
+            one more (:meth:`RoundCost.round_ms`).
+
+    Worked example (one request, 70 ms a round, a level 5 ms; nodes at levels 1-2 with probabilities .8, .5; the
+    verify cost flat): now ``2.3 / 70 = .0329``; bound ``(2.3 + .5) / 75 = .0373``: the level may pay.  With the
+    level-2 node at .04: now ``1.84 / 70 = .0263``, bound ``1.88 / 75 = .0251``: stop.
+    """
+    filled, node_logp = node_values(pool)
+    n = node_logp.shape[1]
+    virtual = torch.where(filled & (pool.depths[:, 1:-1] == level), node_logp, NEG_INF)
+    now = (expected_yield(node_logp) / round_ms[: n + 1]).max()
+    bound = (expected_yield(torch.cat([node_logp, virtual], 1))[: n + 1] / next_round_ms[: n + 1]).max()
+    return bound > now

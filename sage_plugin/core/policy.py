@@ -134,8 +134,11 @@ class TreePolicy(Protocol):
         ``q = 0..N`` nodes (``N = pool_capacity - 1``) for a policy with ``wants_cost`` (else ignored)."""
         ...
 
-    def keep_drafting(self, pool: DraftPool, level: int, round_ms: torch.Tensor) -> torch.Tensor:
-        """0-dim bool: is another draft level worth its forward given ``round_ms [N+1]``?"""
+    def keep_drafting(
+        self, pool: DraftPool, level: int, round_ms: torch.Tensor, next_round_ms: torch.Tensor | None = None
+    ) -> torch.Tensor:  # fmt: skip
+        """0-dim bool: is another draft level worth its forward given ``round_ms [N+1]`` (and ``next_round_ms``, the
+        round with that forward, where the caller prices it)?"""
         ...
 
     def observe(
@@ -205,5 +208,5 @@ class FixedShapePolicy:
         selected = torch.arange(pool.capacity + 1, device=pool.count.device) < pool.count[:, None]
         return finalize(pool, selected, self.max_depth, self.tree_capacity)
 
-    def keep_drafting(self, pool: DraftPool, level: int, round_ms: torch.Tensor) -> torch.Tensor:
+    def keep_drafting(self, pool: DraftPool, level: int, round_ms: torch.Tensor, next_round_ms=None) -> torch.Tensor:
         return torch.ones((), dtype=torch.bool, device=pool.count.device)

@@ -22,7 +22,7 @@ import torch
 from .baselines import StaticPolicy, rerank
 from .calibration import calibration_log_table
 from .controller import observe_history
-from .cost import cost_cut
+from .cost import cost_cut, next_level_can_pay
 from .entropy import topk_confidence
 from .expand import Candidates, DraftPool, Frontier, append, best_nodes, budget_top_n, finalize_nodes, propose
 from .planned import code_depth, plan_next_tree, planned_selection
@@ -190,15 +190,21 @@ class SagePolicy(FixedShapePolicy):
             return rerank(pool, self.tree_capacity - 1, self.max_depth)  # the pool holds no more than that
         return finalize_nodes(pool, cost_cut(pool, self._rerank_cap(round_ms)), self.max_depth, self.tree_capacity)
 
-    def keep_drafting(self, pool: DraftPool, level: int, round_ms: torch.Tensor) -> torch.Tensor:
-        """0-dim bool: does the cost-optimal cut of the pool so far use a node of ``level``?
+    def keep_drafting(self, pool: DraftPool, level: int, round_ms: torch.Tensor, next_round_ms=None) -> torch.Tensor:
+        """0-dim bool: does the cost-optimal cut of the pool so far use a node of ``level``, and (``lookahead``, with
+        ``next_round_ms`` given) could the next level's forward pay for itself (:func:`~.cost.next_level_can_pay`)?
 
-        If not, drafting the next level cannot pay either: its nodes are less probable than their parents, which
-        the cut already leaves out.  (Without a node budget every level pays: always True.)
+        If the cut leaves ``level`` out, drafting the next level cannot pay either: its nodes are less probable than
+        their parents.  The cut alone never weighs the next forward, only the verify cost of the nodes drafted so
+        far; the look-ahead does.  (Without a node budget every level pays: always True.)
         """
         if not self.wants_cost:
             return super().keep_drafting(pool, level, round_ms)
-        return (cost_cut(pool, self._rerank_cap(round_ms)) & (pool.depths[:, 1:-1] == level)).any()
+        cap = self._rerank_cap(round_ms)
+        keep = (cost_cut(pool, cap) & (pool.depths[:, 1:-1] == level)).any()
+        if next_round_ms is None or not self.cfg.lookahead:
+            return keep
+        return keep & next_level_can_pay(pool, level, cap, self._rerank_cap(next_round_ms))
 
     def _rerank_cap(self, round_ms: torch.Tensor) -> torch.Tensor:
         """``round_ms`` priced at infinity past :meth:`rerank_total` nodes (where set): the cut keeps at most that

@@ -328,7 +328,11 @@ class SpecEngine:
             frontier = policy.step(plan, pool, frontier, logprobs, level, vocab=vocab)
             if level == policy.max_depth:
                 break
-            if cost is not None and not bool(policy.keep_drafting(pool, level, cost.round_ms(forwards, n_nodes))):
+            if cost is not None and not bool(
+                policy.keep_drafting(
+                    pool, level, cost.round_ms(forwards, n_nodes), cost.round_ms(forwards + 1, n_nodes)
+                )
+            ):
                 break
             width = int((frontier.idx >= 0).sum(1).max())
             if width == 0:

@@ -30,6 +30,7 @@ OTHER_VALUES: dict[str, list] = {
     "tier_off_lag": [16, 1, 1024],
     "tier_off_decode": [False],
     "cpu_overlap": [True],
+    "lookahead": [False],
     "tp_sync": ["tree", "off"],
     "tier_alpha_bins": [0, 8],
     "use_history": [False],

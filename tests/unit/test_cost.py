@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sage_plugin.config import ConfigError, SageConfig
-from sage_plugin.core.cost import RoundCost, best_count, cheapest_at_least, expected_yield
+from sage_plugin.core.cost import RoundCost, best_count, cheapest_at_least, expected_yield, next_level_can_pay
 from sage_plugin.core.expand import budget_top_n, new_pool
 from sage_plugin.core.policies import build_policy
 
@@ -193,3 +193,40 @@ def test_keep_drafting_asks_whether_the_newest_level_is_in_the_cut():
     in_cut_depths = set(cut.depths[0, 1 : int(cut.num_nodes[0])].tolist())
     for level in range(1, deepest + 1):
         assert bool(pol.keep_drafting(pool, level, mild)) == (level in in_cut_depths)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), bsz=st.integers(1, 3), draft_ms=st.floats(0.0, 30.0), slope=st.floats(0.0, 3.0))
+def test_next_level_bound_matches_a_naive_oracle(seed, bsz, draft_ms, slope):
+    """The look-ahead bound against lists: the rate now, and with one virtual child per node of the level carrying its
+    parent's probability under one more forward."""
+    pol, _, pool = _build(SageConfig(), seed, bsz=bsz)
+    n_nodes = pol.pool_capacity - 1
+    cost = RoundCost(30.0 + slope * torch.arange(n_nodes + 1, dtype=torch.float32), draft_ms)
+    now_ms, next_ms = cost.round_ms(3, n_nodes), cost.round_ms(4, n_nodes)
+    deepest = int(pool.depths.max())
+    for level in range(1, deepest + 1):
+        rows, virt = [], []
+        for b in range(bsz):
+            cnt = int(pool.count[b])
+            rows.append([float(pool.joint[b, i]) for i in range(1, cnt)])
+            virt.append(rows[-1] + [float(pool.joint[b, i]) for i in range(1, cnt) if int(pool.depths[b, i]) == level])
+        now = max(_yield_ref(rows, q) / float(now_ms[q]) for q in range(n_nodes + 1))
+        bound = max(_yield_ref(virt, q) / float(next_ms[q]) for q in range(n_nodes + 1))
+        if abs(bound - now) > 1e-6 * now:  # float32 ties are the kernel's to break
+            assert bool(next_level_can_pay(pool, level, now_ms, next_ms)) == (bound > now), (level, bound, now)
+
+
+def test_lookahead_stops_a_level_whose_forward_cannot_pay():
+    """A cheap verify keeps every drafted level in the cut; the look-ahead still stops when one more draft forward
+    costs more than the best the next level could add, and not when it is cheap; ``lookahead: false`` is the cut
+    rule alone."""
+    pol, _, pool = _build(SageConfig(), 5, bsz=1)
+    n_nodes = pol.pool_capacity - 1
+    verify = 30.0 + 0.01 * torch.arange(n_nodes + 1, dtype=torch.float32)
+    cheap, dear = RoundCost(verify, 0.01), RoundCost(verify, 500.0)
+    assert bool(pol.keep_drafting(pool, 1, cheap.round_ms(2, n_nodes)))
+    assert bool(pol.keep_drafting(pool, 1, cheap.round_ms(2, n_nodes), cheap.round_ms(3, n_nodes)))
+    assert not bool(pol.keep_drafting(pool, 1, dear.round_ms(2, n_nodes), dear.round_ms(3, n_nodes)))
+    off, _, off_pool = _build(SageConfig(lookahead=False), 5, bsz=1)
+    assert bool(off.keep_drafting(off_pool, 1, dear.round_ms(2, n_nodes), dear.round_ms(3, n_nodes)))

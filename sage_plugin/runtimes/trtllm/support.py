@@ -50,6 +50,7 @@ _TIERS = {
     "tier_alpha_bins": "no tiers",
     "cpu_overlap": "TensorRT-LLM's own disable_overlap_scheduler decides (the drafter needs it off)",
     "tp_sync": "the drafter proposes one chain for every rank",
+    "lookahead": _NO_COST,
 }
 
 _CHAIN = "a chain keeps each of its D levels: the level-inclusion rule (Eq. 12) shapes trees"
