@@ -188,7 +188,9 @@ def test_in_loop_cost_refresh_times_the_rounds_and_stays_lossless(engine):
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_sage_cost_cut_stays_lossless_and_sizes_trees_to_the_cost(engine, batch):
-    """Pinned round costs: flat keeps SAGE's trees, a mild per-token cost cuts them, a steep one leaves the root.
+    """Pinned round costs: flat (draft forwards free too) keeps SAGE's trees, a mild per-token cost cuts them, a
+    steep one leaves the root; a flat verify with a draft forward that costs 10% of a round keeps the static tree
+    without ``lookahead`` and drafts fewer levels with it (the forward is priced), all lossless.
 
     (The random tiny draft is under-confident, path probabilities ~0.01-0.1, hence the small mild cost.)
     """
@@ -197,27 +199,32 @@ def test_sage_cost_cut_stays_lossless_and_sizes_trees_to_the_cost(engine, batch)
     reqs = _requests(3)
     sp = SamplingParams(max_new_tokens=30)
     ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
-    pol = build_policy(SageConfig())
-    n = pol.pool_capacity - 1
-    nodes = {}
-    for per_token_ms in (0.0, 0.05, 200.0):
+    n = build_policy(SageConfig()).pool_capacity - 1
+    nodes, forwards = {}, {}
+    for case, per_token_ms, draft_ms, lookahead in (
+        ("flat", 0.0, 0.0, True), ("mild", 0.05, 1.0, True), ("steep", 200.0, 1.0, True),
+        ("forward", 0.0, 1.0, True), ("forward-myopic", 0.0, 1.0, False),
+    ):  # fmt: skip
+        pol = build_policy(SageConfig(lookahead=lookahead))
         fresh = SpecEngine(engine.target, engine.draft)
         for b in range(1, batch + 1):
-            cost = RoundCost(10.0 + per_token_ms * torch.arange(n + 1, dtype=torch.float32), 1.0)
+            cost = RoundCost(10.0 + per_token_ms * torch.arange(n + 1, dtype=torch.float32), draft_ms)
             fresh.round_costs[fresh.cost_key(pol, b)] = cost
         got = []
         for i in range(0, len(reqs), batch):
             got += fresh.generate(reqs[i : i + batch], sp, pol)
             assert fresh.last_profile_s == 0.0, "pinned costs are not re-measured"
         for out in got:
-            assert out.tokens == ref[out.request_id]
-        nodes[per_token_ms] = [r.nodes for o in got for r in o.rounds]
-        if per_token_ms == 200.0:
+            assert out.tokens == ref[out.request_id], case
+        nodes[case] = [r.nodes for o in got for r in o.rounds]
+        forwards[case] = sum(r.draft_forwards for o in got for r in o.rounds) / len(nodes[case])
+        if case == "steep":
             assert all(r.draft_forwards == 1 for o in got for r in o.rounds), "no level is drafted past the cut"
-        if per_token_ms == 0.0:
-            assert got[0].rounds[0].nodes == 25, "flat cost: round 1 keeps the whole static tree"
-    assert max(nodes[200.0]) == 0, "a node costing 20 plain steps is never verified"
-    assert 0 < max(nodes[0.05]) and sum(nodes[0.05]) / len(nodes[0.05]) < sum(nodes[0.0]) / len(nodes[0.0])
+        if case in ("flat", "forward-myopic"):
+            assert got[0].rounds[0].nodes == 25, f"{case}: round 1 keeps the whole static tree"
+    assert max(nodes["steep"]) == 0, "a node costing 20 plain steps is never verified"
+    assert 0 < max(nodes["mild"]) and sum(nodes["mild"]) / len(nodes["mild"]) < sum(nodes["flat"]) / len(nodes["flat"])
+    assert forwards["forward"] < forwards["forward-myopic"], forwards  # the look-ahead prices the next forward
 
 
 @pytest.mark.parametrize("batch", [1, 3])
