@@ -96,20 +96,19 @@ class HostScalar:
                     ev.synchronize()
                 self._value = float(buf)
                 self._free.append(buf)
-            buf = self._free.pop()
-            buf.copy_(value, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record()
-            self._lagged.append((buf, ev))
+            self._lagged.append(self._copy(value))
             return
         self._reap()
-        if not self._free:
-            return
+        if self._free:
+            self._open.add(*self._copy(value))
+
+    def _copy(self, value: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Start ``value``'s non-blocking copy into a free pinned buffer; ``(buffer, its completion event)``."""
         buf = self._free.pop()
         buf.copy_(value, non_blocking=True)
         ev = torch.cuda.Event()
         ev.record()
-        self._open.add(buf, ev)
+        return buf, ev
 
     def latest(self) -> float | None:
         if self.fixed_lag is None:
