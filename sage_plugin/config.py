@@ -157,6 +157,10 @@ class SageConfig:
     # node_budget auto: stop drafting when even the best the next level could add (one child per node of the last
     # level with its parent's probability) cannot pay for that level's forward (core/cost.next_level_can_pay)
     lookahead: bool = True
+    # the draft's linear weights on CPU: bfloat16 = stored in bfloat16 and widened to float32 by the rows kernel as
+    # they stream (half the bytes of a memory-bound draft forward; float32 products), float32 = as loaded.  Lossless
+    # either way (the target verifies); the draft's distribution moves by bfloat16 rounding.  GPUs: the server dtype
+    cpu_draft_dtype: str = "bfloat16"
     # tensor parallelism: broadcast each step's verified tree (and the tier chooser's alpha) from rank 0, so ranks
     # whose draft scores differ still verify the same tokens: auto = where SGLang itself broadcasts the verify result
     # (ROCm, a batch with sampling requests), tree = every step, off = never (docs/sglang.md, "Tensor parallelism")
@@ -226,6 +230,7 @@ class SageConfig:
         _bool("tier_off_decode", self.tier_off_decode)
         _bool("cpu_overlap", self.cpu_overlap)
         _bool("lookahead", self.lookahead)
+        _choice("cpu_draft_dtype", self.cpu_draft_dtype, ("bfloat16", "float32"))
         _choice("tp_sync", self.tp_sync, ("auto", "tree", "off"))
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
         if self.rerank_nodes and self.topology == "planned":

@@ -20,7 +20,7 @@ import torch
 from ..config import ConfigError, SageConfig
 from ..data.prompts import Prompt, load_prompt_file, load_prompts, mixed_text_prompts, render_chat
 from ..engines.eagle3_draft import Eagle3Draft
-from ..engines.lm import GenRequest, TextModel, load_causal_lm
+from ..engines.lm import GenRequest, TextModel, load_causal_lm, store_draft_weights
 from ..engines.speculative import SamplingParams, SpecEngine
 from ..engines.vlm import TextDraftForVLM, VLMModel, build_smolvlm, load_vlm, make_vlm_request
 from ..models import (
@@ -214,6 +214,8 @@ def build_setup(opts: BenchOptions, base: SageConfig) -> BenchSetup:
     else:
         setup = _text_setup(opts, prompts, target_dir, draft_dir, draft_desc, device)
     setup.categories = {p.id: p.category or p.dataset for p in prompts}
+    if store_draft_weights(setup.engine.draft, base.cpu_draft_dtype) == "bfloat16":
+        setup.draft_desc += "; linear weights stored in bfloat16 (cpu_draft_dtype)"
     return setup
 
 

@@ -149,7 +149,7 @@ def _kernel_applies(x: torch.Tensor, weight: torch.Tensor, rows: int) -> bool:
     return (
         rows <= KERNEL_MAX_ROWS
         and x.dtype == torch.float32
-        and weight.dtype == torch.float32
+        and weight.dtype in (torch.float32, torch.bfloat16)
         and weight.is_contiguous()
         and x.shape[-1] % KERNEL_K_MULTIPLE == 0
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
@@ -159,16 +159,22 @@ def _kernel_applies(x: torch.Tensor, weight: torch.Tensor, rows: int) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: ``x [..., K]``, ``weight [N, K]``, ``bias [N]`` -> ``[..., N]`` (contiguous).
 
+    ``weight`` may be stored in bfloat16 under float32 ``x`` (a draft's weights, ``SageConfig.cpu_draft_dtype``):
+    the rows kernel widens it as it streams it (float32 products, half the bytes); elsewhere it is widened first.
+
     Example: a verify of one request with 5 tree nodes passes the head ``x [1, 5, 576]`` and gets ``[1, 5, 49152]``
     from the rows kernel (two row tiles, 4 + 1); without the kernel, ``weight [49152, 576] @ x.T [576, 5]``
     transposed; a 300-token prefill's rows take ``F.linear``.
     """
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
-    if x.device.type != "cpu" or weight.dim() != 2 or x.dtype != weight.dtype or not 1 <= rows <= MAX_ROWS:
+    few_rows = x.device.type == "cpu" and weight.dim() == 2 and 1 <= rows <= MAX_ROWS
+    kernel = rows_kernel() if few_rows and _kernel_applies(x, weight, rows) else None
+    if kernel is None and weight.dtype == torch.bfloat16 and x.dtype == torch.float32:
+        weight = weight.float()  # bfloat16 storage off the kernel's path (a prefill; no kernel here): widened per call
+    if kernel is None and not (few_rows and x.dtype == weight.dtype):
         return F.linear(x, weight, bias)
     x2 = x.reshape(rows, k)
-    kernel = rows_kernel() if _kernel_applies(x, weight, rows) else None
     out = kernel.rows_linear(x2.contiguous(), weight) if kernel is not None else _weight_major(x2, weight)
     if bias is not None:
         out.add_(bias)

@@ -26,7 +26,7 @@ import torch
 from ..models import check_eagle3_config
 from .eagle3 import Eagle3Head, head_from_files, read_head_files
 from .kv import PrefillResult, SeqState
-from .lm import GenRequest, use_fast_linears
+from .lm import GenRequest, store_linear_weights, use_fast_linears
 
 __all__ = ["Eagle3Draft"]
 
@@ -56,6 +56,10 @@ class Eagle3Draft:
         check_eagle3_config(cfg, target_cfg, tensors.get("d2t"), where=str(path))
         head = head_from_files(cfg, tensors, embedding)
         return cls(head, cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"], int(target_cfg["vocab_size"]))
+
+    def store_weights(self, dtype: torch.dtype) -> None:
+        """Store the head's linear weights in ``dtype`` (:func:`~.lm.store_linear_weights`)."""
+        store_linear_weights(self.head, dtype)
 
     def _full(self, out: torch.Tensor) -> torch.Tensor:
         small = self.head.logits(out).float()

@@ -19,7 +19,16 @@ from ..core.linear import linear
 from .attention import register as register_attention
 from .kv import PrefillResult, SeqState
 
-__all__ = ["EngineModel", "GenRequest", "RowsLinear", "TextModel", "load_causal_lm", "use_fast_linears"]
+__all__ = [
+    "EngineModel",
+    "GenRequest",
+    "RowsLinear",
+    "TextModel",
+    "load_causal_lm",
+    "store_draft_weights",
+    "store_linear_weights",
+    "use_fast_linears",
+]
 
 
 @dataclass(slots=True)
@@ -140,6 +149,12 @@ class TextModel:
         state.appended(ids.shape[1])
         return linear(hidden, self._head_w).float(), self.head_ids
 
+    def store_weights(self, dtype: torch.dtype) -> None:
+        """Store every linear weight (the restricted head's rows too) in ``dtype``: :func:`store_linear_weights`."""
+        store_linear_weights(self.model, dtype)
+        if self.head_ids is not None:
+            self._head_w = self._head_w.to(dtype)
+
 
 def load_causal_lm(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
     """Load an HF causal LM for inference (eval mode, no grad) with grouped-query SDPA attention.
@@ -167,3 +182,28 @@ def use_fast_linears(model: Any) -> Any:
         if type(module) is torch.nn.Linear:
             module.__class__ = RowsLinear
     return model
+
+
+def store_linear_weights(model: Any, dtype: torch.dtype) -> Any:
+    """``model`` with the weight of every :class:`RowsLinear` stored in ``dtype``, in place (biases, norms and
+    embeddings keep theirs).  A head tied to the input embedding gets its own copy (the embedding stays as it was).
+
+    :func:`~sage_plugin.core.linear.linear` computes a bfloat16 weight under float32 activations in float32 (the rows
+    kernel widens it as it streams it): a draft forward at a few rows streams half the bytes.
+    """
+    for module in model.modules():
+        if isinstance(module, RowsLinear) and module.weight.dtype != dtype:
+            module.weight = torch.nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
+    return model
+
+
+def store_draft_weights(draft: Any, cpu_draft_dtype: str) -> str:
+    """Apply ``SageConfig.cpu_draft_dtype`` to a reference-engine draft (:class:`TextModel` or EAGLE-3 head):
+    bfloat16 linear weights on CPU where the rows kernel runs (elsewhere a bfloat16 weight would be widened on every
+    call: kept float32).  Returns the dtype the draft's linear weights now have, for reports."""
+    from ..core.linear import rows_kernel
+
+    if cpu_draft_dtype == "bfloat16" and draft.device.type == "cpu" and rows_kernel() is not None:
+        draft.store_weights(torch.bfloat16)
+        return "bfloat16"
+    return "float32"

@@ -362,3 +362,27 @@ def test_policy_overhead_is_measured_without_changing_the_output(engine):
     assert 0 < engine.last_policy_s < engine.last_decode_s
     # what the bench divides by: one target forward per request per round, so the batch ran max(...) rounds
     assert all(o.target_forwards == len(o.rounds) for o in got)
+
+
+def test_a_bfloat16_draft_stays_lossless(engine):
+    """``cpu_draft_dtype: bfloat16`` (the default): the draft's linear weights (its restricted head's rows too) are
+    stored in bfloat16 and every policy still emits plain decoding's tokens; ``float32`` leaves the draft as loaded."""
+    from sage_plugin.engines.lm import RowsLinear, store_draft_weights, use_fast_linears
+
+    head_ids = torch.arange(0, VOCAB, 2)
+    kept = TextModel(use_fast_linears(copy.deepcopy(engine.draft.model)), head_ids)
+    assert store_draft_weights(kept, "float32") == "float32"
+    assert all(p.dtype == torch.float32 for p in kept.model.parameters()) and kept._head_w.dtype == torch.float32
+    draft = TextModel(use_fast_linears(copy.deepcopy(engine.draft.model)), head_ids)
+    assert store_draft_weights(draft, "bfloat16") == "bfloat16"
+    linears = [m for m in draft.model.modules() if isinstance(m, RowsLinear)]
+    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    assert draft._head_w.dtype == torch.bfloat16
+    eng = SpecEngine(engine.target, draft)
+    reqs = _requests(3)
+    sp = SamplingParams(max_new_tokens=24)
+    ref = engine.generate(reqs, sp, None)
+    for policy in POLICIES:
+        got = eng.generate(reqs, sp, build_policy(SageConfig(policy=policy, node_budget="fixed")))
+        assert [o.tokens for o in got] == [o.tokens for o in ref]
+        assert max(r.tau for o in got for r in o.rounds) >= 2  # the bfloat16 draft still agrees with the target

@@ -31,6 +31,7 @@ OTHER_VALUES: dict[str, list] = {
     "tier_off_decode": [False],
     "cpu_overlap": [True],
     "lookahead": [False],
+    "cpu_draft_dtype": ["float32"],
     "tp_sync": ["tree", "off"],
     "tier_alpha_bins": [0, 8],
     "use_history": [False],

@@ -3,6 +3,8 @@ and SGLang's ``_compute_lm_head`` and ``UnquantizedLinearMethod.apply`` hooks.""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -241,3 +243,81 @@ def test_sglang_linear_hook_leaves_other_layers_to_sglang(case):
     seen = []
     out = unquantized_linear(lambda self, lyr, xx, b: seen.append((lyr, xx, b)) or "sglang", object(), layer, x)
     assert out == "sglang" and seen == [(layer, x, None)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, KERNEL_MAX_ROWS),
+    n=st.integers(1, 70),
+    k16=st.integers(1, 12),
+    seed=st.integers(0, 10_000),
+)
+def test_rows_kernel_widens_bfloat16_weights_exactly_and_stays_batch_invariant(rows, n, k16, seed):
+    """A bfloat16 weight under float32 rows: every product is the float32 product with the weight widened (a
+    bfloat16 is a float32's high half), so the result equals the float32 kernel on ``w.float()`` bit for bit, and
+    every row equals that row alone."""
+    kernel = lin.rows_kernel()
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(rows, 16 * k16, generator=g), torch.randn(n, 16 * k16, generator=g).bfloat16()
+    got = kernel.rows_linear(x, w)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, kernel.rows_linear(x, w.float()))
+    for r in range(rows):
+        assert torch.equal(got[r : r + 1], kernel.rows_linear(x[r : r + 1].contiguous(), w))
+    torch.testing.assert_close(got, (x.double() @ w.double().t()).float(), rtol=1e-5, atol=1e-4)
+
+
+def test_a_bfloat16_weight_takes_the_kernel_at_few_rows_and_is_widened_elsewhere(monkeypatch):
+    """Float32 rows over a bfloat16 weight (``cpu_draft_dtype``): the rows kernel where it applies; more rows, an
+    inner size it cannot take, or no kernel: the product of the widened weight.  Every result a float32 one equal to
+    ``F.linear`` with ``w.float()``."""
+    taken = _paths(monkeypatch)
+    w, w60, b = torch.randn(10, 64).bfloat16(), torch.randn(10, 60).bfloat16(), torch.randn(10)
+    cases = [
+        (torch.randn(1, 64), w, ("kernel", 1)),
+        (torch.randn(2, 3, 64), w, ("kernel", 6)),
+        (torch.randn(KERNEL_MAX_ROWS + 1, 64), w, ("weight-major", KERNEL_MAX_ROWS + 1)),
+        (torch.randn(MAX_ROWS + 1, 64), w, ("F.linear", MAX_ROWS + 1)),
+        (torch.randn(3, 60), w60, ("weight-major", 3)),
+    ]
+    for x, weight, want in cases:
+        for bias in (None, b):
+            got = linear(x, weight, bias)
+            assert taken[-1] == want and got.dtype == torch.float32, (tuple(x.shape), want)
+            torch.testing.assert_close(got, F.linear(x, weight.float(), bias), rtol=1e-5, atol=1e-4)
+    monkeypatch.setattr(lin, "_kernel", False)  # a machine without the kernel
+    x = torch.randn(3, 64)
+    got = linear(x, w)
+    assert taken[-1] == ("weight-major", 3)
+    torch.testing.assert_close(got, F.linear(x, w.float()), rtol=1e-5, atol=1e-4)
+
+
+def test_stored_bfloat16_linears_untie_the_head_and_keep_the_embedding():
+    """``store_linear_weights``: every engine linear in bfloat16, the tied head a copy of its own (the input embedding,
+    biases and norms keep float32), logits those of the float32 model with its linear weights rounded to bfloat16."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from sage_plugin.engines.lm import TextModel, store_linear_weights
+
+    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    model = use_fast_linears(LlamaForCausalLM(cfg).eval().requires_grad_(False))
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for m in rounded.modules():
+            if isinstance(m, RowsLinear):
+                m.weight = torch.nn.Parameter(m.weight.detach().bfloat16().float(), requires_grad=False)
+    emb = model.get_input_embeddings().weight.clone()
+    store_linear_weights(model, torch.bfloat16)
+    linears = [m for m in model.modules() if isinstance(m, RowsLinear)]
+    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    assert model.get_input_embeddings().weight.dtype == torch.float32
+    assert torch.equal(model.get_input_embeddings().weight, emb)
+    assert model.get_output_embeddings().weight is not model.get_input_embeddings().weight
+    assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if "norm" in n)
+    ids = torch.tensor([[3, 17, 5, 40]])
+    with torch.inference_mode():
+        torch.testing.assert_close(model(input_ids=ids).logits, rounded(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+    head = TextModel(copy.deepcopy(rounded), torch.tensor([1, 5, 9]))
+    head.store_weights(torch.bfloat16)
+    assert head._head_w.dtype == torch.bfloat16

@@ -1,6 +1,7 @@
-// y = x @ w.T for the few rows decoding and tree verification produce (CPU, float32).
+// y = x @ w.T for the few rows decoding and tree verification produce (CPU, float32 x, float32 or bfloat16 w).
 //
-// x [M, K], w [N, K], both contiguous, M small (decode: 1, a verify: the tree's nodes), K a multiple of 16.
+// x [M, K] float32, w [N, K] float32 or bfloat16 (widened to float32 exactly as it is loaded: a bfloat16 is the high
+// half of a float32, so the products and sums are float32 ones and half the bytes are streamed), both contiguous, M small (decode: 1, a verify: the tree's nodes), K a multiple of 16.
 // A decoder's weights do not stay in cache from one forward to the next, so at a few rows a linear layer is bound by
 // streaming w from memory: every tile of R rows of w is read once and multiplied into MB rows of x at a time (x stays
 // in L1), R x MB vector accumulators in registers.  Built for the machine it runs on (-march=native, compiled at
@@ -27,10 +28,21 @@ constexpr int R = 3;  // 4 x 3 accumulators + 3 w + 1 x of 16 ymm registers
 constexpr int MB = 4;
 typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
 typedef int32_t ivec __attribute__((vector_size(LANES * sizeof(int32_t))));
+typedef uint16_t hvec __attribute__((vector_size(LANES * sizeof(uint16_t))));
 
 inline vec load(const float* p) {
   vec v;
   __builtin_memcpy(&v, p, sizeof(vec));
+  return v;
+}
+
+// LANES bfloat16 (their bits) widened to float32: each one the high 16 bits of its float, the low 16 zero.
+inline vec load(const uint16_t* p) {
+  hvec h;
+  __builtin_memcpy(&h, p, sizeof(hvec));
+  const ivec bits = __builtin_convertvector(h, ivec) << 16;
+  vec v;
+  __builtin_memcpy(&v, &bits, sizeof(vec));
   return v;
 }
 
@@ -74,19 +86,21 @@ inline vec reduce_lanes(vec* v) {
 // traffic add up (8 rows of SmolLM2-135M: 38 ms against 26 with it, 1 row alone streams in 20).
 constexpr int PREFETCH_TILES = 4;
 
-// y[m, n0 + r] for m < RowsX, r < RowsW
-template <int RowsW, int RowsX>
-inline void tile(const float* __restrict x, const float* __restrict w, float* __restrict y, int64_t K, int64_t N,
+// y[m, n0 + r] for m < RowsX, r < RowsW; W: float (float32 w) or uint16_t (bfloat16 w)
+template <int RowsW, int RowsX, typename W>
+inline void tile(const float* __restrict x, const W* __restrict w, float* __restrict y, int64_t K, int64_t N,
                  int64_t n0) {
   vec acc[RowsX][RowsW];
   for (int m = 0; m < RowsX; ++m)
     for (int r = 0; r < RowsW; ++r) acc[m][r] = vec{};
-  const float* wt = w + n0 * K;
-  // an address, not a pointer: past the last tile it points beyond w (a prefetch of it never faults)
-  const uintptr_t ahead = reinterpret_cast<uintptr_t>(wt + 0) + PREFETCH_TILES * RowsW * K * sizeof(float);
+  const W* wt = w + n0 * K;
+  // an address, not a pointer: past the last tile it points beyond w (a prefetch of it never faults).  One prefetch
+  // per 64-byte line: LANES floats are one line, LANES bfloat16 half of one (prefetched every other step)
+  const uintptr_t ahead = reinterpret_cast<uintptr_t>(wt + 0) + PREFETCH_TILES * RowsW * K * sizeof(W);
   for (int64_t k = 0; k < K; k += LANES) {
-    for (int r = 0; r < RowsW; ++r)
-      __builtin_prefetch(reinterpret_cast<const void*>(ahead + (k * RowsW + r * LANES) * sizeof(float)), 0, 2);
+    if (sizeof(W) == sizeof(float) || k % (2 * LANES) == 0)
+      for (int r = 0; r < RowsW; ++r)
+        __builtin_prefetch(reinterpret_cast<const void*>(ahead + (k * RowsW + r * LANES) * sizeof(W)), 0, 2);
     vec wv[RowsW];
     for (int r = 0; r < RowsW; ++r) wv[r] = load(wt + r * K + k);
     for (int m = 0; m < RowsX; ++m) {
@@ -110,8 +124,8 @@ inline void tile(const float* __restrict x, const float* __restrict w, float* __
   }
 }
 
-template <int RowsW>
-inline void rows_of_x(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n0) {
+template <int RowsW, typename W>
+inline void rows_of_x(const float* x, const W* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n0) {
   int64_t m = 0;
   for (; m + MB <= M; m += MB) tile<RowsW, MB>(x + m * K, w, y + m * N, K, N, n0);
   switch (M - m) {
@@ -122,30 +136,38 @@ inline void rows_of_x(const float* x, const float* w, float* y, int64_t M, int64
   }
 }
 
+template <typename W>
+void run(const float* xp, const W* wp, float* yp, int64_t M, int64_t K, int64_t N) {
+  const int64_t tiles = N / R;
+  // about 32 KB of w per task: enough work to amortise a task, small enough to split a layer between threads
+  const int64_t grain = std::max<int64_t>(1, 8192 * sizeof(float) / sizeof(W) / (R * K));
+  at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) rows_of_x<R>(xp, wp, yp, M, K, N, t * R);
+  });
+  for (int64_t n = tiles * R; n < N; ++n) rows_of_x<1>(xp, wp, yp, M, K, N, n);
+}
+
 torch::Tensor rows_linear(const torch::Tensor& x, const torch::Tensor& w) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "rows_linear: x [M, K], w [N, K]");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "rows_linear: float32 only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
+              "rows_linear: float32 x, float32 or bfloat16 w");
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.device().is_cpu() && w.device().is_cpu(),
               "rows_linear: contiguous CPU tensors");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   TORCH_CHECK(K % 16 == 0, "rows_linear: K must be a multiple of 16");
   auto y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const int64_t tiles = N / R;
-  // about 32 KB of w per task: enough work to amortise a task, small enough to split a layer between threads
-  const int64_t grain = std::max<int64_t>(1, 8192 / (R * K));
-  at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) rows_of_x<R>(xp, wp, yp, M, K, N, t * R);
-  });
-  for (int64_t n = tiles * R; n < N; ++n) rows_of_x<1>(xp, wp, yp, M, K, N, n);
+  if (w.scalar_type() == at::kBFloat16)
+    run(xp, reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), yp, M, K, N);
+  else
+    run(xp, w.data_ptr<float>(), yp, M, K, N);
   return y;
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rows_linear", &rows_linear, "x [M, K] @ w [N, K].T, float32 CPU, batch-invariant");
+  m.def("rows_linear", &rows_linear, "x [M, K] @ w [N, K].T, float32 x, float32 or bfloat16 w, CPU, batch-invariant");
   m.attr("lanes") = LANES;
 }

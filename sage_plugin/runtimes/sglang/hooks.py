@@ -221,15 +221,17 @@ def verify_uses_greedy(original: Callable[..., Any], **kwargs: Any) -> bool:
 
 
 def _cpu_float32_weight(layer: Any, x: Any) -> Any:
-    """``layer.weight`` when ``x`` and it are float32 CPU tensors and the layer is not AMX-packed (the case whose
-    product upstream leaves to ``F.linear``), else None."""
+    """``layer.weight`` when ``x`` is a float32 CPU tensor, the weight float32 (or bfloat16: a SAGE draft's layers
+    under ``cpu_draft_dtype``, ``draft_weights.py``) and the layer not AMX-packed (the case whose product upstream
+    leaves to ``F.linear``), else None."""
     import torch
 
     weight = getattr(layer, "weight", None)
     if (
         isinstance(weight, torch.Tensor)
         and x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
+        and x.dtype == torch.float32
+        and weight.dtype in (torch.float32, torch.bfloat16)
         and not getattr(layer, "use_intel_amx_backend", False)
     ):
         return weight

@@ -66,6 +66,10 @@ SGLANG_SUPPORT = RuntimeSupport(
         "tier_alpha_bins": _ALL,
         "cpu_overlap": Honoured(note="CPU servers; on GPUs SGLang's overlap scheduler stays on unless disabled"),
         "tp_sync": _ALL,
+        "cpu_draft_dtype": Honoured(
+            note="CPU servers: the draft's own linear layers and head (never a weight it shares with the target); "
+            "GPUs serve the draft in the server's dtype"
+        ),
     },
     not_read={
         "pad_forwards": "with node_budget auto only (a fixed verify width has nothing to pad)",

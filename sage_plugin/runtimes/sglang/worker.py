@@ -45,6 +45,7 @@ from sage_plugin.models import draft_head_ids
 
 from .args import sage_config_of
 from .clock import HostScalar, StepClock
+from .draft_weights import DraftHeadRows, rank_head_ids, store_draft_linears
 from .hooks import ACTIVE_SELECTION
 from .lag import DraftLag
 from .meta import SageRoundDevice
@@ -97,6 +98,12 @@ class SageDraftMixin(EagleDraftWorkerBase):
         if self.sage_cfg.tier_off_lag and self.sage_lags_ok and cpu and any(t.steps == 0 for t in tiers):
             widest = max(t.draft_tokens for t in tiers)
             self.sage_lag = DraftLag(self.sage_cfg.tier_off_lag, slots, widest, self.device)
+
+    def store_draft_weights(self) -> None:
+        """``cpu_draft_dtype`` on the draft's own layers once its head is final (``draft_weights.py``)."""
+        n = store_draft_linears(self.draft_runner.model, self.sage_cfg, self.target_worker.model_runner.model)
+        if n:
+            logger.info("SAGE: %d draft linear layers stored in bfloat16 (cpu_draft_dtype)", n)
 
     #: whether the off tier may skip this draft's extend (lag.py: a standalone draft reads no target hidden states)
     sage_lags_ok = False
@@ -228,32 +235,6 @@ def tp_sync_due(cfg: SageConfig, batch: Any) -> bool:
     return sync_due(cfg.tp_sync, get_tp_group().world_size, is_hip(), greedy)
 
 
-class DraftHeadRows(torch.nn.Module):
-    """A draft's output head cut to the rows ``ids`` (what SGLang's ``LogitsProcessor`` needs: a ``weight``)."""
-
-    def __init__(self, weight: torch.Tensor, ids: torch.Tensor) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(weight.detach().index_select(0, ids.to(weight.device)), requires_grad=False)
-
-
-def rank_head_ids(ids: torch.Tensor, world: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Split a draft vocabulary ``ids`` [n] (ascending) over ``world`` tensor-parallel ranks, in order.
-
-    SGLang's ``LogitsProcessor`` all-gathers each rank's logits along the vocabulary in rank order, so rank ``r``
-    holds the ``r``-th equal chunk of the draft vocabulary's rows and the gathered logits come out in ``ids``
-    order.  The chunks must be equal: ``ids`` is padded to a multiple of ``world`` by repeating its last id (a
-    repeated row scores exactly as its original; SGLang maps either index back to the same token).  Returns
-    (the padded ids [n'], one chunk per rank).
-
-    >>> full, parts = rank_head_ids(torch.tensor([2, 5, 7, 11, 13]), 2)
-    >>> full.tolist(), [p.tolist() for p in parts]
-    ([2, 5, 7, 11, 13, 13], [[2, 5, 7], [11, 13, 13]])
-    """
-    pad = -ids.numel() % world
-    full = torch.cat([ids, ids[-1:].expand(pad)]) if pad else ids
-    return full, list(full.chunk(world))
-
-
 class SageDraftWorker(SageDraftMixin, StandaloneDraftWorker):
     """SGLang's standalone draft worker (separate draft model) plus SAGE's per-round plan.
 
@@ -293,10 +274,17 @@ class SageDraftWorker(SageDraftMixin, StandaloneDraftWorker):
                              f"{weight.shape[0]} rows")  # fmt: skip
         self.hot_token_id, parts = rank_head_ids(self.hot_token_id, tp.world_size)
         model.lm_head = DraftHeadRows(weight, parts[tp.rank_in_group])  # a tied embedding keeps its rows
+        self.store_draft_weights()
 
 
 class SageEagleDraftWorker(SageDraftMixin, EagleDraftWorker):
     """SGLang's EAGLE draft worker (EAGLE/EAGLE3 head on the target's hidden states) plus SAGE's per-round plan."""
+
+    __slots__ = ()
+
+    def init_lm_head(self) -> None:
+        super().init_lm_head()  # shares the target's embedding (and head, without a token map) where upstream does
+        self.store_draft_weights()
 
 
 class SageWorkerMixin:

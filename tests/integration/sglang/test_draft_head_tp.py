@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 
 pytest.importorskip("sglang")
 
+from sage_plugin.config import SageConfig  # noqa: E402
 from sage_plugin.runtimes.sglang import worker as worker_mod  # noqa: E402
-from sage_plugin.runtimes.sglang.worker import SageDraftWorker, rank_head_ids  # noqa: E402
+from sage_plugin.runtimes.sglang.draft_weights import rank_head_ids  # noqa: E402
+from sage_plugin.runtimes.sglang.worker import SageDraftWorker  # noqa: E402
 
 
 class FakeTP:
@@ -39,6 +41,10 @@ def _rank_worker(shard: torch.Tensor, ids: torch.Tensor) -> SageDraftWorker:
     model = types.SimpleNamespace(lm_head=types.SimpleNamespace(weight=shard))
     w.draft_runner = types.SimpleNamespace(model=model)
     w.hot_token_id = ids.clone()
+    w.sage_cfg = SageConfig(
+        cpu_draft_dtype="float32"
+    )  # the head's products compared as float32 (bfloat16: test_draft_weights.py)
+    w.target_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=torch.nn.Module()))
     return w
 
 

@@ -75,6 +75,10 @@ USED_SYMBOLS = [
     "sglang.srt.managers.overlap_utils.FutureMap",
     "sglang.srt.utils.common.is_cpu",
     "sglang.srt.layers.quantization.unquant.UnquantizedEmbeddingMethod",  # compute_lm_head's plain-head test
+    # cpu_draft_dtype (draft_weights.py) tells layers apart by these class names
+    "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod",
+    "sglang.srt.layers.vocab_parallel_embedding.ParallelLMHead",
+    "sglang.srt.layers.vocab_parallel_embedding.VocabParallelEmbedding",
     "sglang.srt.utils.common.use_intel_amx_backend",  # reads the layer's use_intel_amx_backend attribute
     # the SAGE worker subclasses / calls these (worker.py)
     "sglang.srt.speculative.standalone_worker_v2.StandaloneWorkerV2.forward_batch_generation",
