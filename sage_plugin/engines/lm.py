@@ -18,6 +18,7 @@ import torch
 from ..core.linear import linear
 from .attention import register as register_attention
 from .kv import PrefillResult, SeqState
+from .lean import LeanDecoder, lean_supported
 
 __all__ = [
     "EngineModel",
@@ -82,6 +83,7 @@ class TextModel:
         self.last_features: torch.Tensor | None = None
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device
+        self.lean: LeanDecoder | None = None  # set by use_lean (drafts)
         self.head_ids = None
         if head_ids is not None:
             self.head_ids = head_ids.to(self.device, torch.int64)
@@ -116,6 +118,9 @@ class TextModel:
         self, state: SeqState, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         """Logits ``[B, Q, V]`` of ``Q`` new tokens per request (appended to ``state``'s cache)."""
+        if self.head_ids is None and self.lean is not None:
+            hidden = self.lean(state, input_ids.clamp(0, self.vocab_size - 1), positions, mask)
+            return self.model.get_output_embeddings()(hidden).float()
         if self.head_ids is None:
             ids = input_ids.clamp(0, self.vocab_size - 1)
             out = self.model(
@@ -143,17 +148,28 @@ class TextModel:
         if self.head_ids is None:
             return self.forward(state, input_ids, positions, mask), None
         ids = input_ids.clamp(0, self.vocab_size - 1)
+        if self.lean is not None:
+            return linear(self.lean(state, ids, positions, mask), self._head_w).float(), self.head_ids
         hidden = self.model.get_decoder()(
             input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=state.cache, use_cache=True
         ).last_hidden_state
         state.appended(ids.shape[1])
         return linear(hidden, self._head_w).float(), self.head_ids
 
+    def use_lean(self) -> bool:
+        """Run :meth:`forward` / :meth:`forward_head` through :class:`~.lean.LeanDecoder` where the model has its
+        layer structure (a draft's forwards; a target keeps transformers' own).  Returns whether it does."""
+        if self.lean is None and self.capture_layers is None and lean_supported(self.model):
+            self.lean = LeanDecoder(self.model)
+        return self.lean is not None
+
     def store_weights(self, dtype: torch.dtype) -> None:
         """Store every linear weight (the restricted head's rows too) in ``dtype``: :func:`store_linear_weights`."""
         store_linear_weights(self.model, dtype)
         if self.head_ids is not None:
             self._head_w = self._head_w.to(dtype)
+        if self.lean is not None:
+            self.lean.rebuild()
 
 
 def load_causal_lm(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):

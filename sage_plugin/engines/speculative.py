@@ -72,6 +72,8 @@ class SpecEngine:
         #: the draft scores only some token ids (a text draft with a restricted head): its forwards return the logits
         #: of those ids and their ids, and the policy reads them as such (a fraction of a full-vocabulary softmax)
         self.draft_head = draft is not None and not self.eagle and callable(getattr(draft, "forward_head", None))
+        if draft is not None and callable(getattr(draft, "use_lean", None)):
+            draft.use_lean()  # a small draft's forward is bound by host work (engines/lean.py)
         self.device = target.device
         self.last_prefill_s = 0.0
         self.last_decode_s = 0.0
