@@ -157,6 +157,9 @@ class SageConfig:
     # node_budget auto: stop drafting when even the best the next level could add (one child per node of the last
     # level with its parent's probability) cannot pay for that level's forward (core/cost.next_level_can_pay)
     lookahead: bool = True
+    # node_budget auto: price each drafted level's host time besides its forward (the policy's step and cut, the
+    # engine's bookkeeping; the median of the run's last levels) with the forward, in the cut and the look-ahead
+    price_level_host: bool = True
     # the draft's linear weights on CPU: bfloat16 = stored in bfloat16 and widened to float32 by the rows kernel as
     # they stream (half the bytes of a memory-bound draft forward; float32 products), float32 = as loaded.  Lossless
     # either way (the target verifies); the draft's distribution moves by bfloat16 rounding.  GPUs: the server dtype
@@ -230,6 +233,7 @@ class SageConfig:
         _bool("tier_off_decode", self.tier_off_decode)
         _bool("cpu_overlap", self.cpu_overlap)
         _bool("lookahead", self.lookahead)
+        _bool("price_level_host", self.price_level_host)
         _choice("cpu_draft_dtype", self.cpu_draft_dtype, ("bfloat16", "float32"))
         _choice("tp_sync", self.tp_sync, ("auto", "tree", "off"))
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))

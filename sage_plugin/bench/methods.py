@@ -48,6 +48,7 @@ ABLATIONS: dict[str, str] = {
     "sage-history-relative": "sage:history_mode=relative",  # thresholds relative to the draft's running mean
     "sage-paper-relative": "sage:node_budget=fixed,rerank_pool=kept,history_mode=relative",
     "sage-no-lookahead": "sage:lookahead=false",  # stop drafting only where the cut leaves the newest level out
+    "sage-forwards-only": "sage:price_level_host=false",  # price a level's draft forward only, not its host time
     "sage-unpadded": "sage:pad_forwards=false",  # forwards at their own size, priced by the running maximum
     "sage-dcap8": "sage:d_cap=8",
     "sage-dcap12": "sage:d_cap=12",

@@ -1,6 +1,6 @@
 """Hardware-aware node budget: cut a round's draft tree to the size that maximises expected tokens per second.
 
-One round costs ``draft_ms * forwards + verify_ms[q]`` when ``q`` draft nodes (plus the root) are verified, and
+One round costs ``(draft_ms + level_ms) * forwards + verify_ms[q]`` when ``q`` draft nodes (plus the root) are verified, and
 yields ``1 + sum of the acceptance probabilities of the verified nodes`` tokens (the bonus token always counts).
 With a calibrated draft the probability that greedy verification accepts a node is about its path probability
 ``p = exp(joint log-probability)`` (EAGLE-2's observation), so the expected yield of the ``q`` most
@@ -89,17 +89,21 @@ class RoundCost:
             ``verify_run[q] - q`` nodes); empty: no padding.
         draft_run: host tuple, ``draft_run[w] >= w``: the width to run a draft level of width ``w`` at; empty: no
             padding.
+        level_ms: host time of one drafted level besides its forward (the policy's step and cut, the runtime's
+            bookkeeping; measured by the runtime in its loop, ``price_level_host``), priced with each forward.
     """
 
     verify_ms: torch.Tensor
     draft_ms: float
     verify_run: tuple[int, ...] = ()
     draft_run: tuple[int, ...] = ()
+    level_ms: float = 0.0
 
     def round_ms(self, forwards: int, nodes: int) -> torch.Tensor:
-        """``[nodes + 1]`` cost of a round with ``forwards`` draft forwards and ``q = 0..nodes`` verified nodes."""
+        """``[nodes + 1]`` cost of a round with ``forwards`` draft forwards (each with its level's host time) and
+        ``q = 0..nodes`` verified nodes."""
         q = torch.arange(nodes + 1, device=self.verify_ms.device).clamp(max=self.verify_ms.shape[0] - 1)
-        return self.draft_ms * forwards + self.verify_ms[q]
+        return (self.draft_ms + self.level_ms) * forwards + self.verify_ms[q]
 
     def verify_nodes(self, q: int) -> int:
         """The node count to run a verify of ``q`` draft nodes at (``q`` itself without padding)."""

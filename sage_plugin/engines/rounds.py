@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
 
 from ..core.policies import PolicyState, TreePolicy
 
-__all__ = ["SpecBatch", "PolicyClock", "rows_of"]
+__all__ = ["LevelClock", "PolicyClock", "SpecBatch", "emit_tokens", "rows_of"]
 
 
 @dataclass(slots=True)
@@ -78,6 +80,56 @@ class PolicyClock:
                 self.seconds += time.perf_counter() - t0
 
         return timed
+
+
+class LevelClock:
+    """Host time of a drafted level besides its forward (the policy's step and cut, the engine's bookkeeping), for
+    ``price_level_host``: :meth:`ms` is the median of the last ``window`` levels (0 before the first).
+
+    In the level loop: :meth:`start` at the level's top, :meth:`pause` / :meth:`resume` around its draft forward,
+    :meth:`end` after it (a level that stops before its forward is not a sample: it drafts nothing).
+    """
+
+    def __init__(self, window: int = 64) -> None:
+        self.samples: deque[float] = deque(maxlen=window)
+        self._t0 = 0.0
+        self._acc = 0.0
+
+    def start(self) -> None:
+        self._acc, self._t0 = 0.0, time.perf_counter()
+
+    def pause(self) -> None:
+        self._acc += time.perf_counter() - self._t0
+
+    def resume(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def end(self) -> None:
+        self.pause()
+        self.samples.append(1e3 * self._acc)
+
+    def ms(self) -> float:
+        return statistics.median(self.samples) if self.samples else 0.0
+
+
+def emit_tokens(outputs: list, ids: list[int], new_tokens: torch.Tensor, counts: torch.Tensor, params) -> list[bool]:
+    """Append ``counts[b]`` tokens of ``new_tokens[b]`` to each request; apply stop/length.
+
+    Returns, per row, whether the request is still active.
+    """
+    still = []
+    for rid, toks, n in zip(ids, new_tokens.tolist(), counts.tolist()):
+        out = outputs[rid]
+        for tok in toks[:n]:
+            out.tokens.append(tok)
+            if tok in params.stop_token_ids:
+                out.finish_reason = "stop"
+                break
+            if len(out.tokens) >= params.max_new_tokens:
+                out.finish_reason = "length"
+                break
+        still.append(out.finish_reason != "stop" and len(out.tokens) < params.max_new_tokens)
+    return still
 
 
 def rows_of(active: list[bool], device) -> torch.Tensor:

@@ -33,7 +33,9 @@ feeds its nodes the draft's own output at their parents (see that module's worke
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import weakref
 
 import torch
 
@@ -47,7 +49,7 @@ from .kv import SeqState
 from .lm import EngineModel, GenRequest
 from .profile import measure_cost_samples
 from .records import GenOutput, RoundLog, SamplingParams
-from .rounds import PolicyClock, SpecBatch, rows_of
+from .rounds import LevelClock, PolicyClock, SpecBatch, emit_tokens, rows_of
 
 __all__ = ["SamplingParams", "GenOutput", "RoundLog", "SpecEngine"]
 
@@ -84,6 +86,9 @@ class SpecEngine:
         #: the timings behind each measured entry refined in the loop (``cost_refresh`` > 0; a pinned entry has none)
         self.cost_samples: dict[tuple[int, int, int, bool, int], CostSamples] = {}
         self._live: CostSamples | None = None  # the samples this decode's forwards are added to
+        #: per policy object, its levels' host time (``price_level_host``; kept across calls like the cost curves)
+        self.level_clocks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._levels = LevelClock(0)  # this decode's (window 0: kept nowhere)
 
     # ------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -110,7 +115,7 @@ class SpecEngine:
         t_prefill = time.perf_counter() - t0
         key, t_profile = self._round_cost(policy, tstate, dstate) if policy is not None else (None, 0.0)
         t1 = time.perf_counter()
-        active = self._emit(outputs, list(range(len(requests))), roots[:, None], torch.ones_like(roots), params)
+        active = emit_tokens(outputs, list(range(len(requests))), roots[:, None], torch.ones_like(roots), params)
         rows = rows_of(active, self.device)
         tstate.select(rows)
         roots = roots[rows]
@@ -122,10 +127,12 @@ class SpecEngine:
             dstate.select(rows)
             first = feats[rows] if self.eagle else None
             self._live = self.cost_samples.get(key)
+            if key is not None and policy.cfg.price_level_host:
+                self._levels = self.level_clocks.setdefault(policy, LevelClock())
             try:
                 self._decode_spec(clock, tstate, dstate, roots, ids, outputs, params, gen, key, first)
             finally:
-                self._live = None
+                self._live, self._levels = None, LevelClock(0)
         self._sync()
         t2 = time.perf_counter()
         self.last_prefill_s, self.last_decode_s, self.last_profile_s = t_prefill, t2 - t1, t_profile
@@ -197,25 +204,6 @@ class SpecEngine:
         top_p = torch.full((bsz,), params.top_p, device=self.device) if params.top_p < 1.0 else None
         return top_k, top_p
 
-    def _emit(self, outputs, ids, new_tokens: torch.Tensor, counts: torch.Tensor, params: SamplingParams) -> list[bool]:
-        """Append ``counts[b]`` tokens of ``new_tokens[b]`` to each request; apply stop/length.
-
-        Returns, per row, whether the request is still active.
-        """
-        still = []
-        for rid, toks, n in zip(ids, new_tokens.tolist(), counts.tolist()):
-            out = outputs[rid]
-            for tok in toks[:n]:
-                out.tokens.append(tok)
-                if tok in params.stop_token_ids:
-                    out.finish_reason = "stop"
-                    break
-                if len(out.tokens) >= params.max_new_tokens:
-                    out.finish_reason = "length"
-                    break
-            still.append(out.finish_reason != "stop" and len(out.tokens) < params.max_new_tokens)
-        return still
-
     # ------------------------------------------------------------------------------------------
     def _decode_plain(self, tstate: SeqState, roots, ids, outputs, params, gen) -> None:
         while ids:
@@ -231,7 +219,7 @@ class SpecEngine:
             for rid in ids:
                 outputs[rid].target_forwards += 1
             nxt = self._choose(logits, params, gen)[:, 0]
-            active = self._emit(outputs, ids, nxt[:, None], torch.ones_like(nxt), params)
+            active = emit_tokens(outputs, ids, nxt[:, None], torch.ones_like(nxt), params)
             roots = nxt
             if not all(active):
                 rows = rows_of(active, self.device)
@@ -251,6 +239,8 @@ class SpecEngine:
         batch = SpecBatch.start(policy, roots, ids, params, self.device, feats)
         while batch.ids:
             cost = self.round_costs[key] if key is not None else None
+            if cost is not None and self._levels.samples:
+                cost = dataclasses.replace(cost, level_ms=self._levels.ms())
             pad = cost if policy.pad_forwards else None
             root_logprobs, root_slot, root_hidden, vocab = self._catch_up(dstate, batch, pad)
             plan = policy.plan(batch.pstate, root_logprobs)
@@ -265,7 +255,7 @@ class SpecEngine:
             self._log_round(outputs, batch.ids, plan, tree, res, forwards)
             if self._live is not None and self._live.end_round():
                 self.round_costs[key] = self._live.cost()
-            active = self._emit(outputs, batch.ids, res.emitted, res.num_accepted + 1, params)
+            active = emit_tokens(outputs, batch.ids, res.emitted, res.num_accepted + 1, params)
             batch.roots = res.bonus
             if not all(active):
                 rows = rows_of(active, self.device)
@@ -326,7 +316,9 @@ class SpecEngine:
         if self.eagle:  # each pool node's draft output, for its children
             hid = root_hidden.new_zeros(bsz, policy.pool_capacity + 1, root_hidden.shape[-1])
             hid[:, 0] = root_hidden
+        clock = self._levels
         for level in range(1, policy.max_depth + 1):
+            clock.start()
             frontier = policy.step(plan, pool, frontier, logprobs, level, vocab=vocab)
             if level == policy.max_depth:
                 break
@@ -352,6 +344,7 @@ class SpecEngine:
                 (dstate.next_pos - 1 + level)[:, None].expand(-1, width),
                 dstate.attention_mask(eye, fvalid, extra),
             )
+            clock.pause()
             if hid is None:
                 logits, vocab = self._draft_forward(width, *args)
             else:
@@ -365,8 +358,10 @@ class SpecEngine:
                 torch.where(fvalid, fidx, policy.pool_capacity),
                 torch.where(fvalid, s1 + torch.arange(width, device=dev), -1),
             )
+            clock.resume()
             logprobs = torch.log_softmax(logits, -1)
             forwards += 1
+            clock.end()
         return pool, slot_of, forwards
 
     def _verify(self, tree: DraftTree, tstate: SeqState, batch: SpecBatch, params: SamplingParams, gen, pad=None):

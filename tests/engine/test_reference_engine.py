@@ -205,7 +205,7 @@ def test_sage_cost_cut_stays_lossless_and_sizes_trees_to_the_cost(engine, batch)
         ("flat", 0.0, 0.0, True), ("mild", 0.05, 1.0, True), ("steep", 200.0, 1.0, True),
         ("forward", 0.0, 1.0, True), ("forward-myopic", 0.0, 1.0, False),
     ):  # fmt: skip
-        pol = build_policy(SageConfig(lookahead=lookahead))
+        pol = build_policy(SageConfig(lookahead=lookahead, price_level_host=False))  # the pinned costs alone
         fresh = SpecEngine(engine.target, engine.draft)
         for b in range(1, batch + 1):
             cost = RoundCost(10.0 + per_token_ms * torch.arange(n + 1, dtype=torch.float32), draft_ms)
@@ -225,6 +225,37 @@ def test_sage_cost_cut_stays_lossless_and_sizes_trees_to_the_cost(engine, batch)
     assert max(nodes["steep"]) == 0, "a node costing 20 plain steps is never verified"
     assert 0 < max(nodes["mild"]) and sum(nodes["mild"]) / len(nodes["mild"]) < sum(nodes["flat"]) / len(nodes["flat"])
     assert forwards["forward"] < forwards["forward-myopic"], forwards  # the look-ahead prices the next forward
+
+
+def test_level_host_time_is_measured_and_priced_with_each_forward(engine):
+    """``price_level_host``: the engine times each drafted level's host work (a sample per level with a forward)
+    and prices it with the forward: under a flat verify and a free draft forward, levels whose host work costs 5 ms
+    (a pre-filled clock) are drafted less than free ones, the default clock keeps measuring, all lossless."""
+    from sage_plugin.core.cost import RoundCost
+    from sage_plugin.engines.rounds import LevelClock
+
+    reqs = _requests(3)
+    sp = SamplingParams(max_new_tokens=30)
+    ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
+    forwards = {}
+    for case, seeded in (("free", None), ("priced", 5.0), ("measured", 0.0)):
+        pol = build_policy(SageConfig(price_level_host=case != "free"))
+        fresh = SpecEngine(engine.target, engine.draft)
+        fresh.round_costs[fresh.cost_key(pol, 1)] = RoundCost(torch.full((pol.pool_capacity,), 10.0), 0.0)
+        if seeded:
+            clock = fresh.level_clocks.setdefault(pol, LevelClock())
+            clock.samples.extend([seeded] * 64)
+        got = [out for r in reqs for out in fresh.generate([r], sp, pol)]
+        assert [o.tokens for o in got] == [ref[r.request_id] for r in reqs], case
+        rounds = [r for o in got for r in o.rounds]
+        forwards[case] = sum(r.draft_forwards for r in rounds) / len(rounds)
+        if case == "free":
+            assert pol not in fresh.level_clocks, "without price_level_host no clock is kept"
+        if case == "measured":  # one sample per drafted level (forwards past the catch-up), each a host time
+            samples = fresh.level_clocks[pol].samples
+            assert len(samples) == min(64, sum(r.draft_forwards - 1 for r in rounds))
+            assert all(0.0 < ms < 1e4 for ms in samples)
+    assert forwards["priced"] < forwards["free"], forwards
 
 
 @pytest.mark.parametrize("batch", [1, 3])

@@ -74,6 +74,7 @@ SGLANG_SUPPORT = RuntimeSupport(
     not_read={
         "pad_forwards": "with node_budget auto only (a fixed verify width has nothing to pad)",
         "lookahead": "with node_budget auto only (SGLang drafts each tier's steps)",
+        "price_level_host": "with node_budget auto only (the tiers' step clock times whole steps, host time included)",
         "cost_refresh": "with node_budget auto only (the tiers' step clock times every step in the loop)",
         "calibration": "SGLang's beam ranks candidates by its own draft scores",
         "rerank_nodes": "SGLang fills --speculative-num-draft-tokens with the best candidates after SAGE's shape",

@@ -51,6 +51,7 @@ _TIERS = {
     "cpu_overlap": "TensorRT-LLM's own disable_overlap_scheduler decides (the drafter needs it off)",
     "tp_sync": "the drafter proposes one chain for every rank",
     "lookahead": _NO_COST,
+    "price_level_host": _NO_COST,
     "cpu_draft_dtype": "GPU only: the drafter runs in the engine's dtype",
 }
 
