@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ATTN_IMPLEMENTATION", "grouped_sdpa", "register"]
+__all__ = ["ATTN_IMPLEMENTATION", "group_mask", "grouped_sdpa", "register"]
 
 ATTN_IMPLEMENTATION = "sage_sdpa"
 
@@ -38,14 +38,19 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
         return out.transpose(1, 2).contiguous(), None
     mask = attention_mask
     if mask is not None:
-        mask = mask[:, :, :, : key.shape[-2]]
-    if g > 1:
-        query = query.reshape(b, kvh, g * q, d)
-        if mask is not None:
-            mask = mask.expand(mask.shape[0], 1, q, mask.shape[-1])
-            mask = torch.cat([mask] * g, dim=2)  # the Q-row block g times: repeat's copy cost 4x a cat's here
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
+        mask = group_mask(mask[:, :, :, : key.shape[-2]], q, g)
+    out = F.scaled_dot_product_attention(
+        query.reshape(b, kvh, g * q, d), key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
+    )
     return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
+
+
+def group_mask(mask: torch.Tensor, q: int, g: int) -> torch.Tensor:
+    """``mask [B, 1, Q or 1, S]`` as the folded queries see it: ``[B, 1, g*Q, S]``, the Q-row block ``g`` times."""
+    if g == 1:
+        return mask
+    mask = mask.expand(mask.shape[0], 1, q, mask.shape[-1])
+    return torch.cat([mask] * g, dim=2)  # repeat's copy cost 4x a cat's here
 
 
 def register() -> str:

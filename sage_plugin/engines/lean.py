@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.linear import linear
+from .attention import group_mask
 
 __all__ = ["LeanDecoder", "lean_supported"]
 
@@ -122,8 +123,7 @@ class LeanDecoder:
         g = self.heads // self.kv_heads
         # grouped_sdpa's mask, made once for every layer: the Q-row block repeated for the g query heads of a KV
         # head, as an additive float mask (what SDPA turns a bool mask into on every call)
-        rows = mask.expand(bsz, 1, q, mask.shape[-1])
-        rows = torch.cat([rows] * g, dim=2) if g > 1 else rows
+        rows = group_mask(mask, q, g)
         additive = torch.zeros(rows.shape, dtype=x.dtype, device=x.device).masked_fill_(~rows, float("-inf"))
         for layer, cache in zip(self.layers, state.cache.layers):
             h = layer.norm1(x)
