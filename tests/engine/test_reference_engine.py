@@ -371,14 +371,20 @@ def test_restricted_draft_head_matches_full_head_on_its_ids_and_stays_lossless(e
 
     eng = SpecEngine(engine.target, restricted)
     assert eng.draft_head
+    for got in _every_policy_equals_plain(engine, eng):
+        assert sum(r.nodes for o in got for r in o.rounds) > 0
+
+
+def _every_policy_equals_plain(engine: SpecEngine, eng: SpecEngine) -> list[list]:
+    """Each policy's outputs on ``eng`` (at its paper budget), asserted equal to plain decoding on ``engine``."""
     reqs = _requests(3)
     sp = SamplingParams(max_new_tokens=24)
-    ref = engine.generate(reqs, sp, None)
+    ref = [o.tokens for o in engine.generate(reqs, sp, None)]
+    runs = []
     for policy in POLICIES:
-        got = eng.generate(reqs, sp, build_policy(SageConfig(policy=policy, node_budget="fixed")))
-        assert [o.tokens for o in got] == [o.tokens for o in ref]
-        drafted = [r.nodes for o in got for r in o.rounds]
-        assert sum(drafted) > 0
+        runs.append(eng.generate(reqs, sp, build_policy(SageConfig(policy=policy, node_budget="fixed"))))
+        assert [o.tokens for o in runs[-1]] == ref, policy
+    return runs
 
 
 def test_policy_overhead_is_measured_without_changing_the_output(engine):
@@ -409,11 +415,5 @@ def test_a_bfloat16_draft_stays_lossless(engine):
     linears = [m for m in draft.model.modules() if isinstance(m, RowsLinear)]
     assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
     assert draft._head_w.dtype == torch.bfloat16
-    eng = SpecEngine(engine.target, draft)
-    reqs = _requests(3)
-    sp = SamplingParams(max_new_tokens=24)
-    ref = engine.generate(reqs, sp, None)
-    for policy in POLICIES:
-        got = eng.generate(reqs, sp, build_policy(SageConfig(policy=policy, node_budget="fixed")))
-        assert [o.tokens for o in got] == [o.tokens for o in ref]
+    for got in _every_policy_equals_plain(engine, SpecEngine(engine.target, draft)):
         assert max(r.tau for o in got for r in o.rounds) >= 2  # the bfloat16 draft still agrees with the target
