@@ -163,9 +163,14 @@ class TextModel:
             self.lean = LeanDecoder(self.model)
         return self.lean is not None
 
+    def linear_root(self) -> torch.nn.Module:
+        """The module whose linear layers :meth:`store_weights` stores (the whole model here)."""
+        return self.model
+
     def store_weights(self, dtype: torch.dtype) -> None:
-        """Store every linear weight (the restricted head's rows too) in ``dtype``: :func:`store_linear_weights`."""
-        store_linear_weights(self.model, dtype)
+        """Store the linear weights under :meth:`linear_root` (the restricted head's rows too) in ``dtype``:
+        :func:`store_linear_weights`."""
+        store_linear_weights(self.linear_root(), dtype)
         if self.head_ids is not None:
             self._head_w = self._head_w.to(dtype)
         if self.lean is not None:

@@ -164,6 +164,24 @@ def test_spec_matches_plain(tiny, prompts, policy, prune):
         assert tokens == tiny.plain, (tiny.kind, policy, prune, batch)
 
 
+def test_a_bfloat16_vlm_draft_narrows_its_language_model_only_and_stays_lossless(tiny, prompts):
+    """``cpu_draft_dtype: bfloat16`` on a VLM draft: its language model's linear weights in bfloat16, every other
+    linear (vision tower, projector, head) as loaded; still plain decoding's tokens."""
+    import copy
+
+    from sage_plugin.engines.lm import RowsLinear, store_draft_weights
+
+    draft = VLMModel(copy.deepcopy(tiny.draft), tiny.processor, prune_ratio=0.8, role="draft")
+    assert store_draft_weights(draft, "bfloat16") == "bfloat16"
+    inside = {id(m) for m in draft.language_model.modules()}
+    linears = [m for m in draft.model.modules() if isinstance(m, RowsLinear)]
+    assert any(id(m) in inside for m in linears) and any(id(m) not in inside for m in linears)
+    for m in linears:
+        assert m.weight.dtype == (torch.bfloat16 if id(m) in inside else torch.float32)
+    tokens, _ = _spec(SpecEngine(tiny.target_model, draft), tiny.processor, prompts, "sage", N_PROMPTS)
+    assert tokens == tiny.plain
+
+
 def test_self_draft_pruned_accepts(tiny, prompts):
     """The target's own weights on 20% of the visual tokens: real acceptances, still exact."""
     draft = VLMModel(tiny.target, tiny.processor, prune_ratio=0.8, role="draft")

@@ -193,6 +193,11 @@ class VLMModel(TextModel):
         self.last_prefill_info: dict = {}
         self._score_layers = 0
 
+    def linear_root(self) -> torch.nn.Module:
+        """A VLM draft's ``cpu_draft_dtype`` covers its language model only (the vision tower runs at prefill, at
+        row counts the rows kernel does not take, where a bfloat16 weight would be widened on every call)."""
+        return self.language_model
+
     # ------------------------------------------------------------------------------------------
     def _model_inputs(self, request: GenRequest) -> dict:
         ids = torch.tensor([request.prompt_ids], dtype=torch.int64, device=self.device)
