@@ -99,8 +99,10 @@ class SageDraftMixin(EagleDraftWorkerBase):
             widest = max(t.draft_tokens for t in tiers)
             self.sage_lag = DraftLag(self.sage_cfg.tier_off_lag, slots, widest, self.device)
 
-    def store_draft_weights(self) -> None:
-        """``cpu_draft_dtype`` on the draft's own layers once its head is final (``draft_weights.py``)."""
+    def init_lm_head(self) -> None:
+        """Upstream's head (an EAGLE head shares the target's embedding, and head without a token map), then
+        ``cpu_draft_dtype`` on the draft's own layers, its head final (``draft_weights.py``)."""
+        super().init_lm_head()
         n = store_draft_linears(self.draft_runner.model, self.sage_cfg, self.target_worker.model_runner.model)
         if n:
             logger.info("SAGE: %d draft linear layers stored in bfloat16 (cpu_draft_dtype)", n)
@@ -261,9 +263,12 @@ class SageDraftWorker(SageDraftMixin, StandaloneDraftWorker):
 
     def init_lm_head(self) -> None:
         """Cut the draft's head to the hot tokens SGLang maps its top-k through (upstream's standalone worker keeps
-        the full head, which a token map would mis-index)."""
-        if self.hot_token_id is None:
-            return
+        the full head, which a token map would mis-index), then :meth:`SageDraftMixin.init_lm_head`."""
+        if self.hot_token_id is not None:
+            self._cut_head()
+        super().init_lm_head()
+
+    def _cut_head(self) -> None:
         model = self.draft_runner.model
         weight = model.lm_head.weight  # with --tp-size > 1 this rank's vocabulary shard
         tp = get_tp_group()
@@ -274,17 +279,12 @@ class SageDraftWorker(SageDraftMixin, StandaloneDraftWorker):
                              f"{weight.shape[0]} rows")  # fmt: skip
         self.hot_token_id, parts = rank_head_ids(self.hot_token_id, tp.world_size)
         model.lm_head = DraftHeadRows(weight, parts[tp.rank_in_group])  # a tied embedding keeps its rows
-        self.store_draft_weights()
 
 
 class SageEagleDraftWorker(SageDraftMixin, EagleDraftWorker):
     """SGLang's EAGLE draft worker (EAGLE/EAGLE3 head on the target's hidden states) plus SAGE's per-round plan."""
 
     __slots__ = ()
-
-    def init_lm_head(self) -> None:
-        super().init_lm_head()  # shares the target's embedding (and head, without a token map) where upstream does
-        self.store_draft_weights()
 
 
 class SageWorkerMixin:

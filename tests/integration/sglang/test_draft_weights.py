@@ -88,3 +88,30 @@ def test_the_cpu_hooks_compute_a_bfloat16_draft_layer_in_float32():
     proc = type("LogitsProcessor", (), {"rl_on_policy_target": None})()
     head = compute_lm_head(None, proc, x, draft.head_rows)
     torch.testing.assert_close(head, F.linear(x, draft.head_rows.weight.float()), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("cls_name", ["SageDraftWorker", "SageEagleDraftWorker"])
+def test_init_lm_head_stores_the_draft_with_or_without_a_token_map(cls_name):
+    """Both SAGE draft workers apply ``cpu_draft_dtype`` in ``init_lm_head``, a standalone draft without a token map
+    (nothing to cut) included; the EAGLE worker after upstream's head sharing (stood in for here)."""
+    import types
+
+    from sage_plugin.runtimes.sglang import worker as worker_mod
+
+    cls = getattr(worker_mod, cls_name)
+    w = object.__new__(cls)
+    w.draft_runner = types.SimpleNamespace(model=_draft(torch.nn.Module()))
+    w.hot_token_id = None
+    w.sage_cfg = SageConfig()
+    w.target_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=torch.nn.Module()))
+    upstream = [c for c in cls.__mro__ if "init_lm_head" in c.__dict__ and c.__module__.startswith("sglang")][0]
+    shared = []
+    original = upstream.init_lm_head
+    try:
+        upstream.init_lm_head = lambda self: shared.append(self)  # upstream's own step, recorded
+        w.init_lm_head()
+    finally:
+        upstream.init_lm_head = original
+    assert shared == [w]
+    assert w.draft_runner.model.qkv_proj.weight.dtype == torch.bfloat16
+    assert w.draft_runner.model.embed_tokens.weight.dtype == torch.float32
