@@ -64,7 +64,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["KERNEL_MAX_ROWS", "MAX_ROWS", "linear", "rows_kernel"]
+__all__ = ["KERNEL_MAX_ROWS", "MAX_ROWS", "linear", "rows_kernel", "stored_as"]
 
 #: the most rows taken by the rows kernel or weight-major (above: F.linear)
 MAX_ROWS = 64
@@ -179,3 +179,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None:
         out.add_(bias)
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def stored_as(weight: torch.Tensor, dtype: torch.dtype) -> torch.nn.Parameter:
+    """A layer's ``weight`` as a new parameter stored in ``dtype`` (a draft's ``cpu_draft_dtype``), without
+    gradient, carrying the original's attributes (a loader's ``weight_loader``, ...).
+
+    Assign it to the layer (``layer.weight = stored_as(layer.weight, torch.bfloat16)``) rather than casting in place:
+    a tensor tied to another module (an embedding) keeps its own dtype.
+    """
+    out = torch.nn.Parameter(weight.detach().to(dtype), requires_grad=False)
+    out.__dict__.update(weight.__dict__)
+    return out

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..core.linear import linear
+from ..core.linear import linear, stored_as
 from .attention import register as register_attention
 from .kv import PrefillResult, SeqState
 from .lean import LeanDecoder, lean_supported
@@ -214,7 +214,7 @@ def store_linear_weights(model: Any, dtype: torch.dtype) -> Any:
     """
     for module in model.modules():
         if isinstance(module, RowsLinear) and module.weight.dtype != dtype:
-            module.weight = torch.nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
+            module.weight = stored_as(module.weight, dtype)
     return model
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ...config import SageConfig
-from ...core.linear import rows_kernel
+from ...core.linear import rows_kernel, stored_as
 
 __all__ = ["DraftHeadRows", "rank_head_ids", "store_draft_linears"]
 
@@ -58,9 +58,7 @@ def store_draft_linears(model: Any, cfg: SageConfig, shared: Any = None) -> int:
     if not layers or rows_kernel() is None:  # a GPU draft has no CPU layer (and builds no CPU kernel)
         return 0
     for module in layers:
-        narrow = torch.nn.Parameter(module.weight.detach().to(torch.bfloat16), requires_grad=False)
-        narrow.__dict__ = module.weight.__dict__  # the loader's attributes (weight_loader, output_dim, ...)
-        module.weight = narrow
+        module.weight = stored_as(module.weight, torch.bfloat16)  # the loader's attributes kept
     return len(layers)
 
 
