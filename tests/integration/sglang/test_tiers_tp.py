@@ -12,6 +12,7 @@ across ranks is checked in ``test_draft_head_tp.py``.
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 import random
 import types
 
@@ -81,10 +82,10 @@ def _rank_main(rank: int, world: int, init: str, job: str, out) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         broadcast = lambda t: dist.broadcast(t, src=0)  # noqa: E731
-        if job == "trees":
-            out.put((rank, _sync_trees(rank, broadcast)))
-        else:
-            out.put((rank, _drive(rank, broadcast if job == "share" else None)))
+        result = _sync_trees(rank, broadcast) if job == "trees" else _drive(rank, broadcast if job == "share" else None)
+        # by value: a queue would share the tensors' storage through a descriptor server that this process takes
+        # down when it exits, possibly before the parent reads them (FileNotFoundError in the parent)
+        out.put((rank, pickle.dumps(result)))
     finally:
         dist.destroy_process_group()
 
@@ -97,7 +98,7 @@ def _run_ranks(tmp_path, share: bool | str, world: int = 2) -> dict[int, tuple]:
     procs = [ctx.Process(target=_rank_main, args=(r, world, init, job, out)) for r in range(world)]
     for p in procs:
         p.start()
-    results = dict(out.get(timeout=120) for _ in procs)
+    results = {rank: pickle.loads(blob) for rank, blob in (out.get(timeout=120) for _ in procs)}
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
