@@ -57,7 +57,7 @@ class ChainPolicy(FixedShapePolicy):
         self.frontier_capacity = 1
 
     def step(self, plan, pool, frontier, logprobs, level, vocab=None) -> Frontier:
-        c = propose(pool, frontier, logprobs, self.k, level, vocab=vocab)
+        c = propose(pool, frontier, logprobs, self.k, level, vocab=vocab, parents=False, topk_rows=False)
         keep = c.valid & (c.ranks == 0)
         return append(pool, c, keep, keep & (level < self.max_depth), c.joint, self.frontier_capacity)
 
@@ -97,7 +97,7 @@ class StaticPolicy(FixedShapePolicy):
         return keep, keep & torch.isin(c.codes, self._internal.to(c.codes.device))
 
     def step(self, plan, pool, frontier, logprobs, level, vocab=None) -> Frontier:
-        c = propose(pool, frontier, logprobs, self.k, level, vocab=vocab)
+        c = propose(pool, frontier, logprobs, self.k, level, vocab=vocab, parents=False, topk_rows=False)
         keep, expand = self.select(c)
         return append(pool, c, keep, expand, c.joint, self.frontier_capacity)
 
@@ -133,7 +133,7 @@ class Eagle2Policy(FixedShapePolicy):
         self.pool_capacity = 1 + cfg.k + (cfg.eagle_depth - 1) * cfg.k * cfg.k
 
     def step(self, plan, pool, frontier, logprobs, level, vocab=None) -> Frontier:
-        c = propose(pool, frontier, logprobs, self.k, level, vocab=vocab)
+        c = propose(pool, frontier, logprobs, self.k, level, vocab=vocab, parents=False, topk_rows=False)
         expand = budget_top_n(c.valid.flatten(1), c.joint.flatten(1), torch.full_like(pool.count, self.k))
         expand = expand.view_as(c.valid) & (level < self.max_depth)
         return append(pool, c, c.valid, expand, c.joint, self.frontier_capacity)
@@ -179,7 +179,7 @@ class TopNPolicy(FixedShapePolicy):
         return torch.topk(p, n, dim=1).values.sum(1)
 
     def step(self, plan, pool, frontier, logprobs, level, vocab=None) -> Frontier:
-        c = propose(pool, frontier, logprobs, self.k, level, vocab=vocab)
+        c = propose(pool, frontier, logprobs, self.k, level, vocab=vocab, parents=False, topk_rows=False)
         grow = torch.ones_like(pool.count, dtype=torch.bool)
         if level >= 2:  # what level - 1 added to the best N
             grow = self._top_mass(pool, level) - self._top_mass(pool, level - 1) > self.cfg.topn_threshold

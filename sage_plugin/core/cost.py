@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .expand import NEG_INF, DraftPool, budget_top_n, node_values
+from .expand import NEG_INF, DraftPool, node_values
 
 __all__ = [
     "RoundCost",
@@ -50,7 +50,9 @@ __all__ = [
     "cost_cut",
     "expected_yield",
     "interpolate",
+    "level_pays",
     "next_level_can_pay",
+    "RankedNodes",
 ]
 
 
@@ -102,8 +104,10 @@ class RoundCost:
     def round_ms(self, forwards: int, nodes: int) -> torch.Tensor:
         """``[nodes + 1]`` cost of a round with ``forwards`` draft forwards (each with its level's host time) and
         ``q = 0..nodes`` verified nodes."""
-        q = torch.arange(nodes + 1, device=self.verify_ms.device).clamp(max=self.verify_ms.shape[0] - 1)
-        return (self.draft_ms + self.level_ms) * forwards + self.verify_ms[q]
+        head = self.verify_ms[: nodes + 1]
+        if head.shape[0] < nodes + 1:  # constant past the measured curve
+            head = torch.cat([head, head[-1:].expand(nodes + 1 - head.shape[0])])
+        return head + (self.draft_ms + self.level_ms) * forwards
 
     def verify_nodes(self, q: int) -> int:
         """The node count to run a verify of ``q`` draft nodes at (``q`` itself without padding)."""
@@ -160,10 +164,13 @@ def expected_yield(node_logp: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[N + 1]`` float32: ``B + sum_r sum_{i<q} p_r,(i)`` for ``q = 0..N``.
     """
-    bsz, n = node_logp.shape
-    p = torch.sort(node_logp.float(), dim=1, descending=True).values.exp()  # exp(-inf) = 0
-    per_q = torch.cumsum(p, 1).sum(0)
-    return torch.cat([per_q.new_zeros(1), per_q]) + bsz
+    return _yield_of_sorted(torch.sort(node_logp.float(), dim=1, descending=True).values)
+
+
+def _yield_of_sorted(ordered: torch.Tensor) -> torch.Tensor:
+    """:func:`expected_yield` of ``ordered [B, N]``, each row already sorted in descending order."""
+    per_q = torch.cumsum(ordered.float().exp(), 1).sum(0)  # exp(-inf) = 0
+    return torch.cat([per_q.new_zeros(1), per_q]) + ordered.shape[0]
 
 
 def best_count(node_logp: torch.Tensor, round_ms: torch.Tensor) -> torch.Tensor:
@@ -177,12 +184,53 @@ def best_count(node_logp: torch.Tensor, round_ms: torch.Tensor) -> torch.Tensor:
     return torch.argmax(rate)  # first maximum: the smaller tree on ties
 
 
+@dataclass(frozen=True, slots=True)
+class RankedNodes:
+    """A pool's draft nodes ranked by path value (one stable sort, shared by the cut and the look-ahead).
+
+    Attributes (``[B, N]`` over the pool's draft nodes, root and trash column dropped):
+        filled: bool, the slot holds a node.
+        value: float32 path value ``joint`` (-inf where empty).
+        ordered: each request's values in descending order.
+        place: int64 each node's place in that order (0 = the most valuable; ties: the earlier node first), so
+            ``filled & (place < q)`` is :func:`~sage_plugin.core.expand.budget_top_n`'s ``q`` best.
+    """
+
+    filled: torch.Tensor
+    value: torch.Tensor
+    ordered: torch.Tensor
+    place: torch.Tensor
+
+    @staticmethod
+    def of(pool: DraftPool) -> RankedNodes:
+        filled, value = node_values(pool)
+        order = torch.sort(value, dim=1, descending=True, stable=True)
+        ar = torch.arange(value.shape[1], device=value.device).expand_as(order.indices)
+        return RankedNodes(filled, value, order.values, torch.empty_like(ar).scatter_(1, order.indices, ar))
+
+    def rates(self, round_ms: torch.Tensor) -> torch.Tensor:
+        """``[M + 1]`` expected tokens per millisecond when every request verifies its ``q`` best nodes, for
+        ``q = 0..M``, ``M = min(N, len(round_ms) - 1)`` (a shorter ``round_ms`` prices no larger tree)."""
+        m = min(self.value.shape[1], round_ms.shape[0] - 1)
+        return _yield_of_sorted(self.ordered[:, :m]) / round_ms[: m + 1]
+
+    def best(self, q: torch.Tensor) -> torch.Tensor:
+        """``[B, N]`` bool: each request's ``q`` (0-dim) most valuable nodes."""
+        return self.filled & (self.place < q)
+
+
 def cost_cut(pool: DraftPool, round_ms: torch.Tensor) -> torch.Tensor:
     """``[B, P-1]`` bool over the pool's draft nodes (root and trash column dropped): the cost-optimal cut, i.e.
     each request's ``q*`` most probable nodes (:func:`best_count`; one ``q*`` for the batch)."""
-    filled, node_logp = node_values(pool)
-    q = best_count(node_logp, round_ms)
-    return budget_top_n(filled, node_logp, q.expand(pool.count.shape[0]))
+    ranked = RankedNodes.of(pool)
+    return ranked.best(torch.argmax(ranked.rates(round_ms)))  # first maximum: the smaller tree on ties
+
+
+def _level_bound(pool: DraftPool, ranked: RankedNodes, level: int, next_round_ms: torch.Tensor) -> torch.Tensor:
+    """0-dim: the best rate one more level could reach (:func:`next_level_can_pay`)."""
+    m = min(ranked.value.shape[1], next_round_ms.shape[0] - 1)
+    virtual = torch.where(ranked.filled & (pool.depths[:, 1:-1] == level), ranked.value, NEG_INF)
+    return (expected_yield(torch.cat([ranked.value, virtual], 1))[: m + 1] / next_round_ms[: m + 1]).max()
 
 
 def next_level_can_pay(
@@ -206,9 +254,19 @@ def next_level_can_pay(
     verify cost flat): now ``2.3 / 70 = .0329``; bound ``(2.3 + .5) / 75 = .0373``: the level may pay.  With the
     level-2 node at .04: now ``1.84 / 70 = .0263``, bound ``1.88 / 75 = .0251``: stop.
     """
-    filled, node_logp = node_values(pool)
-    n = node_logp.shape[1]
-    virtual = torch.where(filled & (pool.depths[:, 1:-1] == level), node_logp, NEG_INF)
-    now = (expected_yield(node_logp) / round_ms[: n + 1]).max()
-    bound = (expected_yield(torch.cat([node_logp, virtual], 1))[: n + 1] / next_round_ms[: n + 1]).max()
-    return bound > now
+    ranked = RankedNodes.of(pool)
+    return _level_bound(pool, ranked, level, next_round_ms) > ranked.rates(round_ms).max()
+
+
+def level_pays(
+    pool: DraftPool, level: int, round_ms: torch.Tensor, next_round_ms: torch.Tensor | None = None
+) -> torch.Tensor:  # fmt: skip
+    """0-dim bool: does the cost-optimal cut (:func:`cost_cut`) use a node of ``level``, and (``next_round_ms``
+    given) could the next level's forward pay for itself (:func:`next_level_can_pay`)?  Both from one ranking of
+    the pool: this runs once per drafted level, and its host time is part of that level's cost."""
+    ranked = RankedNodes.of(pool)
+    rates = ranked.rates(round_ms)
+    keep = (ranked.best(torch.argmax(rates)) & (pool.depths[:, 1:-1] == level)).any()
+    if next_round_ms is None:
+        return keep
+    return keep & (_level_bound(pool, ranked, level, next_round_ms) > rates.max())

@@ -87,7 +87,9 @@ class Frontier:
 class Candidates:
     """Top-k children proposed by a frontier, all ``[B, F, K]``.
 
-    ``parent`` is the pool index of the proposing node (-1 where the frontier slot is empty).
+    ``parent`` is the pool index of the proposing node (-1 where the frontier slot is empty).  The ``parent_*``
+    fields (the proposing node's own probabilities, read by SAGE's level rule) are None unless :func:`propose` was
+    asked for them.
     """
 
     level: int
@@ -98,10 +100,10 @@ class Candidates:
     logp_topk: torch.Tensor
     joint: torch.Tensor
     joint_topk: torch.Tensor
-    parent_logp: torch.Tensor
-    parent_logp_topk: torch.Tensor
-    parent_joint: torch.Tensor
-    parent_joint_topk: torch.Tensor
+    parent_logp: torch.Tensor | None
+    parent_logp_topk: torch.Tensor | None
+    parent_joint: torch.Tensor | None
+    parent_joint_topk: torch.Tensor | None
     ranks: torch.Tensor
     codes: torch.Tensor
 
@@ -147,7 +149,8 @@ def new_pool(root_tokens: torch.Tensor, capacity: int, k: int) -> tuple[DraftPoo
 
 def propose(
     pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, k: int, level: int,
-    calibration: torch.Tensor | None = None, vocab: torch.Tensor | None = None,
+    calibration: torch.Tensor | None = None, vocab: torch.Tensor | None = None, parents: bool = True,
+    topk_rows: bool = True,
 ) -> Candidates:  # fmt: skip
     """Top-``k`` children of every frontier node.
 
@@ -163,6 +166,9 @@ def propose(
         vocab: ``[V]`` int64 token id of each ``logprobs`` column (None: column = id).  A draft whose head scores a
             subset of the vocabulary (``TextModel`` with ``head_ids``) passes that subset and its log-softmax over it:
             the same candidates as the full row with ``-inf`` elsewhere, for a fraction of the top-k and softmax.
+        parents: fill the candidates' ``parent_*`` fields (False: None; a caller that never reads them saves the
+            gathers, a level's host time being a drafted level's cost).
+        topk_rows: record the frontier's top-k rows in ``pool.topk_logp`` (read only by the planned topology).
     """
     fidx = frontier.idx.clamp(min=0)
     fvalid = frontier.valid
@@ -171,10 +177,13 @@ def propose(
     conf = topk_confidence(top.values, k)  # top-k of the top-k is itself
     rows = torch.where(fvalid, fidx, pool.capacity)
     pool.conf.scatter_(1, rows, conf)
-    pool.topk_logp.scatter_(1, rows[..., None].expand(-1, -1, k), top.values)
+    if topk_rows:
+        pool.topk_logp.scatter_(1, rows[..., None].expand(-1, -1, k), top.values)
 
     def par(col: torch.Tensor) -> torch.Tensor:
         return col.gather(1, fidx)[..., None].expand(-1, -1, k)
+
+    parent_joint, parent_joint_topk = par(pool.joint), par(pool.joint_topk)
 
     ranks = torch.arange(k, device=logprobs.device).expand_as(top.indices)
     valid = fvalid[..., None].expand_as(top.indices) & torch.isfinite(top.values)
@@ -185,13 +194,13 @@ def propose(
         tokens=top.indices if vocab is None else vocab[top.indices],
         logp=top.values,
         logp_topk=logp_topk,
-        joint=par(pool.joint)
+        joint=parent_joint
         + (top.values if calibration is None else calibrated_logp(calibration, top.values, conf[..., None])),
-        joint_topk=par(pool.joint_topk) + logp_topk,
-        parent_logp=par(pool.logp),
-        parent_logp_topk=par(pool.logp_topk),
-        parent_joint=par(pool.joint),
-        parent_joint_topk=par(pool.joint_topk),
+        joint_topk=parent_joint_topk + logp_topk,
+        parent_logp=par(pool.logp) if parents else None,
+        parent_logp_topk=par(pool.logp_topk) if parents else None,
+        parent_joint=parent_joint if parents else None,
+        parent_joint_topk=parent_joint_topk if parents else None,
         ranks=ranks,
         codes=path_code(par(pool.codes), ranks, k),
     )

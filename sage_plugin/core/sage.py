@@ -22,7 +22,7 @@ import torch
 from .baselines import StaticPolicy, rerank
 from .calibration import calibration_log_table
 from .controller import observe_history
-from .cost import cost_cut, next_level_can_pay
+from .cost import cost_cut, level_pays
 from .entropy import topk_confidence
 from .expand import Candidates, DraftPool, Frontier, append, best_nodes, budget_top_n, finalize_nodes, propose
 from .planned import code_depth, plan_next_tree, planned_selection
@@ -71,9 +71,8 @@ def _in_top(pool: DraftPool, frontier: Frontier, n: int, width: int) -> Frontier
     Pruning the others loses nothing: a child's value is at most its parent's and the pool's ``n``-th best value
     only rises, so no descendant of a node outside the ``n`` best can enter the final ``n`` best.
     """
-    top = best_nodes(pool, torch.full_like(pool.count, n))
-    in_top = torch.cat([torch.ones_like(top[:, :1]), top, torch.zeros_like(top[:, :1])], 1)
-    ok = frontier.valid & in_top.gather(1, frontier.idx.clamp(min=0))
+    top = best_nodes(pool, torch.full_like(pool.count, n))  # over pool indices 1 .. P-1 (a frontier node is >= 1)
+    ok = frontier.valid & top.gather(1, (frontier.idx - 1).clamp(min=0))
     pack = torch.sort((~ok).long(), dim=1, stable=True).indices
     return Frontier(torch.where(ok, frontier.idx, -1).gather(1, pack)[:, :width])
 
@@ -130,6 +129,9 @@ class SagePolicy(FixedShapePolicy):
         self.wants_cost = cfg.node_budget == "auto"
         self.pad_forwards = self.wants_cost and cfg.pad_forwards
         self._calibration = calibration_log_table(cfg.calibration, "cpu") if cfg.calibration else None
+        # what step() reads of a level's candidates: the parents' probabilities (the level rule of a kept pool) and
+        # the frontier's top-k rows (the planned topology's replay)
+        self._propose_reads = (self.pool != "beam", cfg.topology == "planned")
 
     def init_state(self, batch: int, device: torch.device | str = "cpu") -> PolicyState:
         state = super().init_state(batch, device)
@@ -156,7 +158,7 @@ class SagePolicy(FixedShapePolicy):
         cal = self._calibration
         if cal is not None and cal.device != logprobs.device:  # once per device (a host-to-device copy)
             cal = self._calibration = cal.to(logprobs.device)
-        c = propose(pool, frontier, logprobs, self.k, level, cal, vocab)
+        c = propose(pool, frontier, logprobs, self.k, level, cal, vocab, *self._propose_reads)
         if plan.planned is not None:  # replay the tree planned at the end of the last round
             keep, expand = planned_selection(plan.planned, c, self.k)
             order = c.joint
@@ -178,7 +180,8 @@ class SagePolicy(FixedShapePolicy):
         if self.pool == "beam":  # the W best of the level by path value grow, to the deepest level
             beam = budget_top_n(c.valid.flatten(1), c.joint.flatten(1), plan.width).view_as(c.valid)
             expand = torch.where(first, expand, beam)
-        frontier = append(pool, c, keep, expand, order, self.pool_capacity - 1)
+        # every expanded candidate (at most all of the level's) in insertion order; _in_top cuts them to the width
+        frontier = append(pool, c, keep, expand, order, c.valid[0].numel())
         return _in_top(pool, frontier, self.rerank_total(self.cfg), self.frontier_capacity)
 
     def finalize(self, plan: RoundPlan, pool: DraftPool, round_ms: torch.Tensor | None = None) -> DraftTree:
@@ -200,19 +203,13 @@ class SagePolicy(FixedShapePolicy):
         """
         if not self.wants_cost:
             return super().keep_drafting(pool, level, round_ms)
-        cap = self._rerank_cap(round_ms)
-        keep = (cost_cut(pool, cap) & (pool.depths[:, 1:-1] == level)).any()
-        if next_round_ms is None or not self.cfg.lookahead:
-            return keep
-        return keep & next_level_can_pay(pool, level, cap, self._rerank_cap(next_round_ms))
+        ahead = self._rerank_cap(next_round_ms) if next_round_ms is not None and self.cfg.lookahead else None
+        return level_pays(pool, level, self._rerank_cap(round_ms), ahead)
 
     def _rerank_cap(self, round_ms: torch.Tensor) -> torch.Tensor:
-        """``round_ms`` priced at infinity past :meth:`rerank_total` nodes (where set): the cut keeps at most that
-        many."""
+        """``round_ms`` up to :meth:`rerank_total` nodes (where set): the cut prices, so keeps, at most that many."""
         n = self.rerank_total(self.cfg)
-        if not n or n + 1 >= round_ms.shape[0]:
-            return round_ms
-        return torch.cat([round_ms[: n + 1], torch.full_like(round_ms[n + 1 :], float("inf"))])
+        return round_ms[: n + 1] if n else round_ms
 
     def observe(self, state, plan, tree, accepted_nodes, num_accepted, pool=None) -> PolicyState:
         cfg = self.cfg

@@ -103,8 +103,10 @@ class DraftTree:
         """Padded node count ``N`` (root included)."""
         return self.tokens.shape[1]
 
-    def narrow(self, n: int) -> "DraftTree":
-        """The first ``n`` node columns (``n >= num_nodes.max()``: drops padding only)."""
+    def narrow(self, n: int, max_depth: int | None = None) -> "DraftTree":
+        """The first ``n`` node columns (``n >= num_nodes.max()``: drops padding only); ``max_depth`` (a host int
+        ``>= depths.max()``, e.g. the levels a runtime drafted) tightens the depth bound, which sets the passes of
+        :func:`ancestor_mask` and :func:`~sage_plugin.core.verify.walk_tree` and the accepted path's width."""
         cut = lambda t: None if t is None else t[:, :n]  # noqa: E731
         return DraftTree(
             cut(self.tokens),
@@ -113,7 +115,7 @@ class DraftTree:
             self.num_nodes,
             cut(self.draft_logp),
             cut(self.ranks),
-            self.max_depth,
+            self.max_depth if max_depth is None else min(self.max_depth, max_depth),
             cut(self.node_conf),
             cut(self.source),
         )

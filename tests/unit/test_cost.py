@@ -230,3 +230,40 @@ def test_lookahead_stops_a_level_whose_forward_cannot_pay():
     assert not bool(pol.keep_drafting(pool, 1, dear.round_ms(2, n_nodes), dear.round_ms(3, n_nodes)))
     off, _, off_pool = _build(SageConfig(lookahead=False), 5, bsz=1)
     assert bool(off.keep_drafting(off_pool, 1, dear.round_ms(2, n_nodes), dear.round_ms(3, n_nodes)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10_000), bsz=st.integers(1, 3), draft_ms=st.floats(0.0, 30.0), slope=st.floats(0.0, 3.0),
+    n_max=st.sampled_from([4, 16, 64]),
+)  # fmt: skip
+def test_keep_drafting_is_the_naive_cut_and_lookahead_under_the_rerank_cap(seed, bsz, draft_ms, slope, n_max):
+    """SAGE's per-level test (one ranking of the pool: ``core.cost.level_pays``) against lists: the best-first cut of
+    at most ``n_max`` nodes (the beam's rerank) holds a node of the level, and the level's look-ahead bound beats the
+    rate now."""
+    pol, _, pool = _build(SageConfig(n_max=n_max), seed, bsz=bsz)
+    n_nodes = pol.pool_capacity - 1
+    cost = RoundCost(30.0 + slope * torch.arange(n_nodes + 1, dtype=torch.float32), draft_ms)
+    now_ms, next_ms = cost.round_ms(3, n_nodes), cost.round_ms(4, n_nodes)
+    cap = min(n_max, n_nodes)
+    rows, depth_of = [], []
+    for b in range(bsz):
+        cnt = int(pool.count[b])
+        rows.append([float(pool.joint[b, i]) for i in range(1, cnt)])
+        depth_of.append([int(pool.depths[b, i]) for i in range(1, cnt)])
+    rates = [_yield_ref(rows, q) / float(now_ms[q]) for q in range(cap + 1)]
+    q = max(range(cap + 1), key=lambda i: (rates[i], -i))
+    if any(abs(r - rates[q]) <= 1e-6 * rates[q] for i, r in enumerate(rates) if i != q):
+        return  # a float32 tie between two cut sizes is the kernel's to break
+    cut_depths = set()
+    for b in range(bsz):
+        best = sorted(range(len(rows[b])), key=lambda i: (-rows[b][i], i))[:q]
+        cut_depths |= {depth_of[b][i] for i in best}
+    for level in range(1, int(pool.depths.max()) + 1):
+        virt = [r + [x for x, d in zip(r, ds) if d == level] for r, ds in zip(rows, depth_of)]
+        bound = max(_yield_ref(virt, i) / float(next_ms[i]) for i in range(cap + 1))
+        if abs(bound - rates[q]) <= 1e-6 * rates[q]:
+            continue
+        want = level in cut_depths and bound > rates[q]
+        assert bool(pol.keep_drafting(pool, level, now_ms, next_ms)) == want, (level, bound, rates[q])
+        assert bool(pol.keep_drafting(pool, level, now_ms)) == (level in cut_depths)

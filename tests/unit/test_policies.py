@@ -620,3 +620,20 @@ def test_a_restricted_vocabulary_builds_the_full_rows_tree(policy):
     assert torch.equal(full.tokens, small.tokens) and torch.equal(full.parents, small.parents)
     assert bool(torch.isin(small.tokens[:, 1:][small.tokens[:, 1:] >= 0], vocab).all())
     torch.testing.assert_close(full.joint, small.joint)
+
+
+def test_propose_fills_only_what_its_caller_reads():
+    """``propose(parents=False, topk_rows=False)`` (every policy but SAGE's level rule and planned replay): the same
+    candidates without the parents' probabilities, and no top-k rows recorded in the pool."""
+    from sage_plugin.core.expand import propose
+
+    gen = torch.Generator().manual_seed(0)
+    pools = [new_pool(torch.tensor([3, 5]), 40, 4) for _ in range(2)]
+    lp = torch.log_softmax(torch.randn(2, 1, 30, generator=gen) * 3, -1)
+    full, lean = (propose(p, f, lp, 4, 1, parents=x, topk_rows=x) for (p, f), x in zip(pools, (True, False)))
+    for name in ("parent", "valid", "tokens", "logp", "logp_topk", "joint", "joint_topk", "ranks", "codes"):
+        assert torch.equal(getattr(full, name), getattr(lean, name)), name
+    for name in ("parent_logp", "parent_logp_topk", "parent_joint", "parent_joint_topk"):
+        assert getattr(full, name) is not None and getattr(lean, name) is None, name
+    assert torch.equal(pools[0][0].conf.nan_to_num(-1.0), pools[1][0].conf.nan_to_num(-1.0))
+    assert bool(torch.isfinite(pools[0][0].topk_logp[:, 0]).all()) and bool(torch.isinf(pools[1][0].topk_logp).all())
