@@ -27,6 +27,8 @@ class SpecBatch:
         pstate: the tree policy's per-request state.
         pend_feats: ``[B, L, 3H]`` an EAGLE-3 draft's feature for each pending token (None for other drafts).
         tree_feats: ``[B, N, 3H]`` the target's features of this round's tree nodes (EAGLE-3 draft).
+        pend_width: ``L`` after a round (the policy's deepest path plus its bonus), whatever depth the round's tree
+            had: the catch-up's padded width is capped by it (``SpecEngine._catch_up``).
     """
 
     ids: list[int]
@@ -37,6 +39,7 @@ class SpecBatch:
     pstate: PolicyState
     pend_feats: torch.Tensor | None = None
     tree_feats: torch.Tensor | None = None
+    pend_width: int = 1
 
     @staticmethod
     def start(policy: TreePolicy, roots: torch.Tensor, ids: list[int], params, device, feats=None) -> SpecBatch:
@@ -49,6 +52,7 @@ class SpecBatch:
             temperature=torch.full((bsz,), float(params.temperature), device=device),
             pstate=policy.init_state(bsz, device),
             pend_feats=feats,
+            pend_width=policy.max_depth + 1,
         )
 
     def select(self, rows: torch.Tensor, active: list[bool]) -> None:

@@ -38,6 +38,7 @@ import time
 import weakref
 
 import torch
+import torch.nn.functional as F
 
 from ..core.cost import RoundCost
 from ..core.expand import Frontier, new_pool
@@ -249,6 +250,7 @@ class SpecEngine:
             )
             n_nodes = policy.pool_capacity - 1
             tree = policy.finalize(plan, pool, cost.round_ms(forwards, n_nodes) if cost is not None else None)
+            tree = tree.narrow(tree.width, forwards)  # level l's nodes come from forward l: no deeper than that
             tree, res, t0 = self._verify(tree, tstate, batch, params, gen, pad)
             self._commit(tstate, dstate, batch, tree, res, slot_of, t0)
             batch.pstate = policy.observe(batch.pstate, plan, tree, res.accepted_nodes, res.num_accepted, pool)
@@ -390,7 +392,9 @@ class SpecEngine:
         """Phase 4: commit the accepted path's target KV rows and the draft rows of accepted nodes it already
         processed; the accepted tokens it did not process, then the bonus, become its pending tokens."""
         dev = self.device
-        acc = res.accepted_nodes  # [B, D+1] root-first
+        acc, emitted = res.accepted_nodes, res.emitted  # [B, D+1] root-first, D the round's tree depth
+        if acc.shape[1] < batch.pend_width:  # the pending buffer keeps its width (-1: no node, no token)
+            acc, emitted = (F.pad(t, (0, batch.pend_width - t.shape[1]), value=-1) for t in (acc, emitted))
         tstate.commit(torch.where(acc >= 0, t0 + acc, -1))
         tstate.next_pos += res.num_accepted + 1
         dslot = slot_of.gather(1, tree.source.gather(1, acc.clamp(min=0)))
@@ -407,7 +411,7 @@ class SpecEngine:
         src = (n_fed[:, None] + torch.arange(d1, device=dev)[None]).clamp(max=d1 - 1)
         batch.pend_len = res.num_accepted - n_fed + 1
         keep = torch.arange(d1, device=dev)[None] < batch.pend_len[:, None]
-        batch.pending = torch.where(keep, res.emitted.gather(1, src), -1)
+        batch.pending = torch.where(keep, emitted.gather(1, src), -1)
 
     @staticmethod
     def _ancestor_slots(pool, slot_of: torch.Tensor, fidx: torch.Tensor, level: int, num_slots: int) -> torch.Tensor:

@@ -278,3 +278,23 @@ def test_narrowed_tree_verifies_the_same(case):
     a, b = greedy_verify(tree, logits), greedy_verify(small, logits[:, :n])
     for f in ("accepted_nodes", "num_accepted", "bonus", "emitted"):
         assert torch.equal(getattr(a, f), getattr(b, f)), f
+
+
+@settings(max_examples=40, deadline=None)
+@given(verify_cases(), st.integers(0, 6))
+def test_a_tighter_depth_bound_verifies_alike(case, slack):
+    """``DraftTree.narrow(n, max_depth)`` (the engine passes the levels it drafted): any bound at or above the
+    deepest node gives the same verification, on a shorter accepted path row; a looser bound than the tree's own is
+    ignored."""
+    par_rows, tok_rows, am_rows, width = case
+    deepest = max(max(_depths(p)) for p in par_rows)
+    loose = make_tree(par_rows, tok_rows, width, deepest + 10)
+    tight = loose.narrow(width, deepest + slack)
+    assert tight.max_depth == min(deepest + slack, deepest + 10)
+    assert loose.narrow(width, deepest + 20).max_depth == deepest + 10
+    logits = logits_from_argmax(am_rows, width)
+    a, b = greedy_verify(loose, logits), greedy_verify(tight, logits)
+    assert torch.equal(a.num_accepted, b.num_accepted) and torch.equal(a.bonus, b.bonus)
+    d = tight.max_depth + 1
+    assert torch.equal(a.accepted_nodes[:, :d], b.accepted_nodes) and torch.equal(a.emitted[:, :d], b.emitted)
+    assert bool((a.accepted_nodes[:, d:] == -1).all()) and bool((a.emitted[:, d:] == -1).all())
