@@ -25,7 +25,7 @@ import torch
 
 from ..models import check_eagle3_config
 from .eagle3 import Eagle3Head, head_from_files, read_head_files
-from .kv import PrefillResult, SeqState
+from .kv import PrefillResult, SeqState, append_kv
 from .lm import GenRequest, store_linear_weights, use_fast_linears
 
 __all__ = ["Eagle3Draft"]
@@ -99,8 +99,7 @@ class Eagle3Draft:
         layer = state.cache.layers[0]
         ids = input_ids.clamp(0, self.vocab_size - 1)
         out, k, v = self.head.step(ids, features.float(), positions, (layer.keys, layer.values), mask)
-        layer.keys = torch.cat([layer.keys, k], dim=2)
-        layer.values = torch.cat([layer.values, v], dim=2)
+        append_kv(layer, k, v)
         state.appended(q)
         self.last_hidden = out
         return self._full(out)

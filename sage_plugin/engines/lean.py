@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from ..core.linear import linear
 from .attention import group_mask
+from .kv import append_kv
 
 __all__ = ["LeanDecoder", "lean_supported"]
 
@@ -132,8 +133,7 @@ class LeanDecoder:
             kh = qkv[..., nq : nq + nkv].view(bsz, q, self.kv_heads, self.head_dim).transpose(1, 2)
             vh = qkv[..., nq + nkv :].view(bsz, q, self.kv_heads, self.head_dim).transpose(1, 2)
             qh, kh = apply_rotary_pos_emb(qh, kh, cos, sin)
-            cache.keys = torch.cat([cache.keys, kh], dim=2)
-            cache.values = torch.cat([cache.values, vh], dim=2)
+            append_kv(cache, kh, vh)
             out = F.scaled_dot_product_attention(
                 qh.reshape(bsz, self.kv_heads, g * q, self.head_dim), cache.keys, cache.values, attn_mask=additive,
                 scale=self.scaling,

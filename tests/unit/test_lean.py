@@ -101,3 +101,43 @@ def test_models_without_the_layer_structure_keep_transformers_forward():
     assert not lean_supported(other)
     with pytest.raises(ValueError, match="not a Llama-family decoder"):
         LeanDecoder(other)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ops=st.lists(st.sampled_from(["append", "select", "compact"]), min_size=1, max_size=12), seed=st.integers(0, 99))
+def test_append_kv_keeps_what_concatenation_keeps(ops, seed):
+    """``append_kv`` (a cache layer grown inside a buffer with room) against ``torch.cat``, through appends of
+    1-9 slots, batch row selections and compactions (both replace the layer's tensors): the same keys and values
+    every step, and a view taken earlier never changes."""
+    from transformers import DynamicCache
+
+    from sage_plugin.engines.kv import append_kv
+
+    g = torch.Generator().manual_seed(seed)
+    bsz, heads, dim = 3, 2, 4
+    start = [(torch.randn(bsz, heads, 5, dim, generator=g), torch.randn(bsz, heads, 5, dim, generator=g))]
+    fast = SeqState(DynamicCache(ddp_cache_data=start), torch.ones(bsz, 5, dtype=torch.bool), torch.full((bsz,), 5))
+    ref = [t.clone() for t in start[0]]
+    layer = fast.cache.layers[0]
+    for op in ops:
+        before = (layer.keys, layer.keys.clone())
+        if op == "append":
+            q = int(torch.randint(1, 10, (1,), generator=g))
+            k, v = (torch.randn(fast.committed.shape[0], heads, q, dim, generator=g) for _ in range(2))
+            append_kv(layer, k, v)
+            fast.appended(q)
+            ref = [torch.cat([ref[0], k], 2), torch.cat([ref[1], v], 2)]
+            keep = torch.rand(fast.committed.shape[0], q, generator=g) < 0.5
+            fast.committed[:, -q:] = keep
+        elif op == "select" and fast.committed.shape[0] > 1:
+            rows = torch.tensor([0, fast.committed.shape[0] - 1])
+            fast.select(rows)
+            ref = [t.index_select(0, rows) for t in ref]
+        elif op == "compact":
+            order = torch.sort((~fast.committed).to(torch.int8), dim=1, stable=True).indices
+            fast.compact(slack=0.0)
+            n = layer.keys.shape[2]
+            idx = order[:, None, :n, None].expand(-1, heads, -1, dim)
+            ref = [t.gather(2, idx) for t in ref] if n < ref[0].shape[2] else ref
+        assert torch.equal(layer.keys, ref[0]) and torch.equal(layer.values, ref[1]), op
+        assert torch.equal(before[0], before[1]), "an earlier view changed"
