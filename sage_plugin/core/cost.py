@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .expand import NEG_INF, DraftPool, node_values
+from .expand import NEG_INF, DraftPool, node_values, rank_desc
 
 __all__ = [
     "RoundCost",
@@ -173,6 +173,14 @@ def _yield_of_sorted(ordered: torch.Tensor) -> torch.Tensor:
     return torch.cat([per_q.new_zeros(1), per_q]) + ordered.shape[0]
 
 
+def _rates(ordered: torch.Tensor, round_ms: torch.Tensor) -> torch.Tensor:
+    """``[M + 1]`` expected tokens per millisecond when every request verifies its ``q`` best nodes, ``q = 0..M``,
+    from ``ordered [B, N]`` (rows sorted in descending order), ``M = min(N, len(round_ms) - 1)`` (a shorter
+    ``round_ms`` prices no larger tree)."""
+    m = min(ordered.shape[1], round_ms.shape[0] - 1)
+    return _yield_of_sorted(ordered[:, :m]) / round_ms[: m + 1]
+
+
 def best_count(node_logp: torch.Tensor, round_ms: torch.Tensor) -> torch.Tensor:
     """0-dim int64 ``q*``: the node count (per request) with the highest expected tokens per millisecond.
 
@@ -180,8 +188,8 @@ def best_count(node_logp: torch.Tensor, round_ms: torch.Tensor) -> torch.Tensor:
         node_logp: ``[B, N]`` as in :func:`expected_yield`.
         round_ms: ``[N + 1]`` round cost for ``q = 0..N`` (:meth:`RoundCost.round_ms`).
     """
-    rate = expected_yield(node_logp) / round_ms[: node_logp.shape[1] + 1]
-    return torch.argmax(rate)  # first maximum: the smaller tree on ties
+    ordered = torch.sort(node_logp.float(), dim=1, descending=True).values
+    return torch.argmax(_rates(ordered, round_ms))  # first maximum: the smaller tree on ties
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +201,8 @@ class RankedNodes:
         value: float32 path value ``joint`` (-inf where empty).
         ordered: each request's values in descending order.
         place: int64 each node's place in that order (0 = the most valuable; ties: the earlier node first), so
-            ``filled & (place < q)`` is :func:`~sage_plugin.core.expand.budget_top_n`'s ``q`` best.
+            ``filled & (place < q)`` is :func:`~sage_plugin.core.expand.budget_top_n`'s ``q`` best (both rank with
+            :func:`~sage_plugin.core.expand.rank_desc`).
     """
 
     filled: torch.Tensor
@@ -204,35 +213,32 @@ class RankedNodes:
     @staticmethod
     def of(pool: DraftPool) -> RankedNodes:
         filled, value = node_values(pool)
-        order = torch.sort(value, dim=1, descending=True, stable=True)
-        ar = torch.arange(value.shape[1], device=value.device).expand_as(order.indices)
-        return RankedNodes(filled, value, order.values, torch.empty_like(ar).scatter_(1, order.indices, ar))
+        return RankedNodes(filled, value, *rank_desc(value))
 
-    def rates(self, round_ms: torch.Tensor) -> torch.Tensor:
-        """``[M + 1]`` expected tokens per millisecond when every request verifies its ``q`` best nodes, for
-        ``q = 0..M``, ``M = min(N, len(round_ms) - 1)`` (a shorter ``round_ms`` prices no larger tree)."""
-        m = min(self.value.shape[1], round_ms.shape[0] - 1)
-        return _yield_of_sorted(self.ordered[:, :m]) / round_ms[: m + 1]
+    def cut(self, round_ms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cut [B, N] bool, rates [M + 1])``: each request's ``q*`` most valuable nodes, ``q*`` the first maximum
+        of the rates (:func:`best_count`: the smaller tree on ties; one ``q*`` for the batch)."""
+        rates = _rates(self.ordered, round_ms)
+        return self.filled & (self.place < torch.argmax(rates)), rates
 
-    def best(self, q: torch.Tensor) -> torch.Tensor:
-        """``[B, N]`` bool: each request's ``q`` (0-dim) most valuable nodes."""
-        return self.filled & (self.place < q)
+    def level_bound(self, at_level: torch.Tensor, next_round_ms: torch.Tensor) -> torch.Tensor:
+        """0-dim: the best rate one more level could reach (:func:`next_level_can_pay`), ``at_level [B, N]`` the
+        nodes of the deepest level drafted so far."""
+        m = min(self.value.shape[1], next_round_ms.shape[0] - 1)
+        virtual = torch.where(at_level, self.value, NEG_INF)
+        # E'(q) for q <= m needs only the m largest values (sorted): a top-m instead of sorting all 2N
+        top = torch.topk(torch.cat([self.value, virtual], 1), m, dim=1).values
+        return _rates(top, next_round_ms).max()
 
 
 def cost_cut(pool: DraftPool, round_ms: torch.Tensor) -> torch.Tensor:
     """``[B, P-1]`` bool over the pool's draft nodes (root and trash column dropped): the cost-optimal cut, i.e.
     each request's ``q*`` most probable nodes (:func:`best_count`; one ``q*`` for the batch)."""
-    ranked = RankedNodes.of(pool)
-    return ranked.best(torch.argmax(ranked.rates(round_ms)))  # first maximum: the smaller tree on ties
+    return RankedNodes.of(pool).cut(round_ms)[0]
 
 
-def _level_bound(pool: DraftPool, ranked: RankedNodes, level: int, next_round_ms: torch.Tensor) -> torch.Tensor:
-    """0-dim: the best rate one more level could reach (:func:`next_level_can_pay`)."""
-    m = min(ranked.value.shape[1], next_round_ms.shape[0] - 1)
-    virtual = torch.where(ranked.filled & (pool.depths[:, 1:-1] == level), ranked.value, NEG_INF)
-    # E'(q) for q <= m needs only the m largest values (sorted): a top-m instead of sorting all 2N
-    top = torch.topk(torch.cat([ranked.value, virtual], 1), m, dim=1).values
-    return (_yield_of_sorted(top) / next_round_ms[: m + 1]).max()
+def _at_level(pool: DraftPool, ranked: RankedNodes, level: int) -> torch.Tensor:
+    return ranked.filled & (pool.depths[:, 1:-1] == level)
 
 
 def next_level_can_pay(
@@ -257,7 +263,7 @@ def next_level_can_pay(
     level-2 node at .04: now ``1.84 / 70 = .0263``, bound ``1.88 / 75 = .0251``: stop.
     """
     ranked = RankedNodes.of(pool)
-    return _level_bound(pool, ranked, level, next_round_ms) > ranked.rates(round_ms).max()
+    return ranked.level_bound(_at_level(pool, ranked, level), next_round_ms) > _rates(ranked.ordered, round_ms).max()
 
 
 def level_pays(
@@ -267,8 +273,9 @@ def level_pays(
     given) could the next level's forward pay for itself (:func:`next_level_can_pay`)?  Both from one ranking of
     the pool: this runs once per drafted level, and its host time is part of that level's cost."""
     ranked = RankedNodes.of(pool)
-    rates = ranked.rates(round_ms)
-    keep = (ranked.best(torch.argmax(rates)) & (pool.depths[:, 1:-1] == level)).any()
+    cut, rates = ranked.cut(round_ms)
+    at_level = _at_level(pool, ranked, level)
+    keep = (cut & at_level).any()
     if next_round_ms is None:
         return keep
-    return keep & (_level_bound(pool, ranked, level, next_round_ms) > rates.max())
+    return keep & (ranked.level_bound(at_level, next_round_ms) > rates.max())

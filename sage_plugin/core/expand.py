@@ -28,7 +28,7 @@ from .tree import DraftTree, path_code
 
 __all__ = [
     "DraftPool", "Candidates", "Frontier", "new_pool", "propose", "append", "budget_top_n", "best_nodes", "finalize",
-    "finalize_nodes", "node_values",
+    "finalize_nodes", "node_values", "rank_desc",
 ]  # fmt: skip
 
 NEG_INF = float("-inf")
@@ -221,12 +221,20 @@ def budget_top_n(eligible: torch.Tensor, score: torch.Tensor, n: torch.Tensor) -
     ...              torch.tensor([2]))
     tensor([[False,  True, False,  True]])
     """
-    masked = torch.where(eligible, score, NEG_INF)
-    order = torch.sort(masked, dim=1, descending=True, stable=True).indices
-    place = torch.empty_like(order).scatter_(
-        1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
-    )
+    _, place = rank_desc(torch.where(eligible, score, NEG_INF))
     return eligible & (place < n[:, None])
+
+
+def rank_desc(score: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ordered, place)``, each ``[B, M]``: each row's ``score`` in descending order, and each entry's place in that
+    order (0 = the highest; ties: the lower index first).
+
+    >>> rank_desc(torch.tensor([[0.1, 0.5, 0.5]]))
+    (tensor([[0.5000, 0.5000, 0.1000]]), tensor([[2, 0, 1]]))
+    """
+    order = torch.sort(score, dim=1, descending=True, stable=True)
+    ar = torch.arange(score.shape[1], device=score.device).expand_as(order.indices)
+    return order.values, torch.empty_like(ar).scatter_(1, order.indices, ar)
 
 
 def node_values(pool: DraftPool) -> tuple[torch.Tensor, torch.Tensor]:

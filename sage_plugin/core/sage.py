@@ -131,7 +131,7 @@ class SagePolicy(FixedShapePolicy):
         self._calibration = calibration_log_table(cfg.calibration, "cpu") if cfg.calibration else None
         # what step() reads of a level's candidates: the parents' probabilities (the level rule of a kept pool) and
         # the frontier's top-k rows (the planned topology's replay)
-        self._propose_reads = (self.pool != "beam", cfg.topology == "planned")
+        self._propose_reads = {"parents": self.pool != "beam", "topk_rows": cfg.topology == "planned"}
 
     def init_state(self, batch: int, device: torch.device | str = "cpu") -> PolicyState:
         state = super().init_state(batch, device)
@@ -158,7 +158,7 @@ class SagePolicy(FixedShapePolicy):
         cal = self._calibration
         if cal is not None and cal.device != logprobs.device:  # once per device (a host-to-device copy)
             cal = self._calibration = cal.to(logprobs.device)
-        c = propose(pool, frontier, logprobs, self.k, level, cal, vocab, *self._propose_reads)
+        c = propose(pool, frontier, logprobs, self.k, level, cal, vocab, **self._propose_reads)
         if plan.planned is not None:  # replay the tree planned at the end of the last round
             keep, expand = planned_selection(plan.planned, c, self.k)
             order = c.joint
