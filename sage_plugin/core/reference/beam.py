@@ -19,6 +19,7 @@ def select_in_beam_ref(
     w_plan: int,
     n_select: int,
     static_first: bool = False,
+    margin: Margin | None = None,
 ) -> tuple[list[int], int]:
     """One request's beam: ``(selected candidate indices ascending, number kept by the SAGE shape)``.
 
@@ -28,7 +29,11 @@ def select_in_beam_ref(
     SAGE rule (:func:`~.rules.sage_level_ref`) keeps candidates whose parent was kept; a first-round request keeps
     the static tree's rank paths instead (:func:`~.rules.static_level_ref`).  The kept nodes come first, then the
     others by path probability (ties: lower index), and the first ``n_select`` are selected.
+
+    ``margin`` (optional) records the closest call float rounding could flip (a threshold met exactly, as
+    ``theta0 * l / D`` = 0.3 / 3 against a top-k probability of 0.1); callers skip such cases.
     """
+    m_ = Margin() if margin is None else margin
     m = len(joint)
     local = [joint[c] / (joint[parent[c]] if parent[c] >= 0 else 1.0) for c in range(m)]
     sums: dict[int, float] = {}
@@ -65,6 +70,6 @@ def select_in_beam_ref(
     else:
         for lvl in range(1, max(depth) + 1):
             level = [cand(c) for c in range(m) if depth[c] == lvl and (parent[c] < 0 or parent[c] in kept)]
-            kept += [c.position for c in sage_level_ref(cfg, lvl, level, d_plan, w_plan, len(kept), Margin())]
+            kept += [c.position for c in sage_level_ref(cfg, lvl, level, d_plan, w_plan, len(kept), m_)]
     order = sorted(range(m), key=lambda c: (c not in kept, -joint[c], c))
     return sorted(order[:n_select]), min(len(kept), n_select)
