@@ -40,18 +40,22 @@ def tune_static(
 ) -> tuple[str, SageConfig, dict[str, float]]:
     """Time every candidate on ``requests`` (one at a time, after one warm-up request each).
 
+    The candidates take turns request by request, the order reversed at every request (as
+    :func:`~sage_plugin.engines.profile.interleaved_ms` does for forward sizes): a machine whose speed drifts during
+    the tuning slows every candidate alike instead of the ones timed last.
+
     Returns ``(label, config, tok_s)``: the fastest candidate and every candidate's decode tokens per second.
     """
-    tok_s: dict[str, float] = {}
     cands = tuning_candidates(base)
-    for label, cfg in cands.items():
-        policy = build_policy(cfg)
+    policies = {label: build_policy(cfg) for label, cfg in cands.items()}
+    for policy in policies.values():
         engine.generate(requests[:1], params, policy)  # warm-up
-        tokens, seconds = 0, 0.0
-        for req in requests:
-            (out,) = engine.generate([req], params, policy)
-            tokens += max(0, len(out.tokens) - 1)
-            seconds += engine.last_decode_s
-        tok_s[label] = tokens / seconds if seconds > 0 else 0.0
+    tokens, seconds = dict.fromkeys(cands, 0), dict.fromkeys(cands, 0.0)
+    for i, req in enumerate(requests):
+        for label in list(policies) if i % 2 == 0 else reversed(policies):
+            (out,) = engine.generate([req], params, policies[label])
+            tokens[label] += max(0, len(out.tokens) - 1)
+            seconds[label] += engine.last_decode_s
+    tok_s = {label: tokens[label] / seconds[label] if seconds[label] > 0 else 0.0 for label in cands}
     best = max(tok_s, key=tok_s.get)
     return best, cands[best], tok_s

@@ -8,7 +8,6 @@ reported by ``sage bench`` as ``profile_s``), like SGLang's CUDA-graph capture a
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
@@ -17,7 +16,7 @@ from .cost_samples import CostSamples
 from .kv import SeqState
 from .lm import EngineModel
 
-__all__ = ["measure_cost_samples", "NODE_COUNTS"]
+__all__ = ["measure_cost_samples", "interleaved_ms", "NODE_COUNTS"]
 
 #: node counts (root excluded) timed; the others are interpolated.  Dense where a few-row BLAS call can cost more
 #: than a larger one (the padding targets), sparse past it.
@@ -26,24 +25,35 @@ NODE_COUNTS = (*range(17), 20, 24, 32, 48, 64, 96, 128, 192, 256)
 MAX_PADDED_WIDTH = 16
 
 
-def _forward_ms(forward, state: SeqState, q: int, repeats: int, sync) -> float:
-    """Median wall time of a forward of ``q`` new tokens per request (causal among themselves), KV dropped after."""
+def _forward_ms(forward, state: SeqState, q: int, sync) -> float:
+    """Wall time of one forward of ``q`` new tokens per request (causal among themselves), its KV dropped after."""
     bsz, dev = state.next_pos.shape[0], state.next_pos.device
     ids = torch.zeros(bsz, q, dtype=torch.int64, device=dev)
     pos = state.next_pos[:, None] + torch.arange(q, device=dev)
     causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril().expand(bsz, q, q)
-    valid = torch.ones(bsz, q, dtype=torch.bool, device=dev)
-    times = []
-    for i in range(repeats + 1):  # the first run warms up
-        mask = state.attention_mask(causal, valid)
-        sync()
-        t0 = time.perf_counter()
-        forward(state, ids, pos, mask)
-        sync()
-        if i:
-            times.append((time.perf_counter() - t0) * 1e3)
-        state.compact(slack=0.0)  # drop the uncommitted rows again
-    return statistics.median(times)
+    mask = state.attention_mask(causal, torch.ones(bsz, q, dtype=torch.bool, device=dev))
+    sync()
+    t0 = time.perf_counter()
+    forward(state, ids, pos, mask)
+    sync()
+    ms = (time.perf_counter() - t0) * 1e3
+    state.compact(slack=0.0)  # drop the uncommitted rows again
+    return ms
+
+
+def interleaved_ms(time_one, sizes: list[int], sweeps: int) -> dict[int, list[float]]:
+    """``{size: [ms per sweep]}``: ``time_one(size)`` over every size once per sweep, the sweeps alternating between
+    ascending and descending order.
+
+    A device whose speed drifts while it is timed (a shared VM, a GPU warming up) then moves every size's samples
+    alike, so the curve's shape (which size is cheapest, where padding pays) stays right; timing each size's repeats
+    back to back puts the drift between sizes instead.  Example, sizes 1, 2, 3 over 3 sweeps: 1 2 3 | 3 2 1 | 1 2 3.
+    """
+    out: dict[int, list[float]] = {s: [] for s in sizes}
+    for sweep in range(sweeps):
+        for s in sizes if sweep % 2 == 0 else reversed(sizes):
+            out[s].append(time_one(s))
+    return out
 
 
 @torch.inference_mode()
@@ -54,7 +64,7 @@ def measure_cost_samples(
     dstate: SeqState,
     max_nodes: int,
     draft_width: int,
-    repeats: int = 2,
+    repeats: int = 4,
     stop_ratio: float = 4.0,
     sync=lambda: None,
     pad: bool = False,
@@ -63,9 +73,12 @@ def measure_cost_samples(
 ) -> CostSamples:
     """Time the target at the :data:`NODE_COUNTS` up to ``max_nodes`` and the draft at ``draft_width`` tokens.
 
-    Counts are timed in increasing order until one costs more than ``stop_ratio`` plain steps: larger trees are
-    then priced at infinity (a round would have to yield more than ``stop_ratio`` tokens just to break even), which
-    keeps start-up short on slow devices.
+    A first sweep warms every size up, in increasing order, and stops at the first count that costs more than
+    ``stop_ratio`` plain steps: larger trees are then priced at infinity (a round would have to yield more than
+    ``stop_ratio`` tokens just to break even), which keeps start-up short on slow devices.  Then ``repeats`` sweeps
+    over every kept size, target and draft together, alternate in direction (:func:`interleaved_ms`): a machine
+    whose speed drifts during the timing shifts the whole curve, not the cost of one size against its neighbours,
+    which is what decides the tree sizes and the padding.
 
     Args:
         draft_forward: the draft forward the decode loop runs (``SpecEngine.draft_forward``: a restricted head's
@@ -80,21 +93,35 @@ def measure_cost_samples(
         refresh: the samples' in-loop rebuild period (:class:`~.cost_samples.CostSamples`).
 
     Returns:
-        the samples (each timing the median of ``repeats``); ``.cost()`` is the :class:`RoundCost`.
+        the samples (``repeats`` timings of each size; ``.cost()`` prices their medians).
     """
     counts = [c for c in NODE_COUNTS if c < max_nodes] + [max_nodes]
     out = CostSamples(max_nodes=max_nodes, pad=pad, typical_width=max(1, draft_width), refresh=refresh)
-    first = None
-    for c in counts:
-        ms = _forward_ms(target.forward, tstate, c + 1, repeats, sync)
-        out.add_verify(c, ms)
-        out.limit = c
+    kept, first = [], None
+    for c in counts:  # the warm-up sweep, which also finds where the tree stops paying
+        ms = _forward_ms(target.forward, tstate, c + 1, sync)
+        kept.append(c)
         first = ms if first is None else first
         if ms > stop_ratio * first:
             break
-    for w in range(1, min(max_width, MAX_PADDED_WIDTH) + 1) if pad else ():
-        out.add_draft(w, _forward_ms(draft_forward, dstate, w, repeats, sync))
-    typical = out.cost().draft_width(out.typical_width) if out.draft else out.typical_width
-    if typical not in out.draft:
-        out.add_draft(typical, _forward_ms(draft_forward, dstate, typical, repeats, sync))
+    out.limit = kept[-1]
+    # padded: every width up to MAX_PADDED_WIDTH (the typical width runs at one of them); else the typical alone
+    widths = list(range(1, min(max_width, MAX_PADDED_WIDTH) + 1)) if pad and max_width else [out.typical_width]
+    for w in widths:
+        _forward_ms(draft_forward, dstate, w, sync)  # warm-up
+    jobs = [("verify", c) for c in kept] + [("draft", w) for w in widths]
+
+    def time_one(job: tuple[str, int]) -> float:
+        kind, size = job
+        if kind == "verify":
+            return _forward_ms(target.forward, tstate, size + 1, sync)
+        return _forward_ms(draft_forward, dstate, size, sync)
+
+    for (kind, size), times in interleaved_ms(time_one, jobs, max(1, repeats)).items():
+        for ms in times:
+            (out.add_verify if kind == "verify" else out.add_draft)(size, ms)
+    typical = out.cost().draft_width(out.typical_width)
+    if typical not in out.draft:  # a typical width past the padded ones, timed alone
+        for ms in interleaved_ms(lambda w: _forward_ms(draft_forward, dstate, w, sync), [typical], repeats)[typical]:
+            out.add_draft(typical, ms)
     return out.start()

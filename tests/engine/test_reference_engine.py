@@ -313,6 +313,40 @@ def test_static_tuned_picks_the_fastest_fixed_tree_it_timed(engine):
     assert got == ref
 
 
+def test_static_tuning_takes_turns_request_by_request():
+    """The candidates are timed in turns per request, the order reversed at every request, after one warm-up each:
+    a machine slowing down during the tuning charges every candidate alike (here each call is slower than the one
+    before, and a fixed tree that is faster by 1% still wins)."""
+    from types import SimpleNamespace
+
+    from sage_plugin.bench.tune import tune_static, tuning_candidates
+
+    base = SageConfig()
+    labels = {repr(cfg): label for label, cfg in tuning_candidates(base).items()}
+    calls = []
+
+    class Recording:
+        last_decode_s = 0.0
+
+        def generate(self, requests, params, policy):
+            label = labels[repr(policy.cfg)]
+            calls.append((label, requests[0]))
+            self.last_decode_s = (1.0 + 0.01 * len(calls)) * (0.99 if label == "chain@2" else 1.0)
+            return [SimpleNamespace(tokens=[0] * 11)]
+
+    reqs = ["r0", "r1", "r2", "r3"]
+    best, _, tok_s = tune_static(Recording(), base, reqs, SamplingParams(max_new_tokens=10))
+    n = len(labels)
+    order = list(labels.values())
+    assert calls[:n] == [(label, "r0") for label in order]  # warm-ups
+    timed = calls[n:]
+    for i, req in enumerate(reqs):
+        turn = timed[i * n : (i + 1) * n]
+        assert [c[1] for c in turn] == [req] * n
+        assert [c[0] for c in turn] == (order if i % 2 == 0 else order[::-1])
+    assert best == "chain@2" and len(tok_s) == n
+
+
 def test_calibration_is_fitted_on_teacher_forced_candidates_and_stays_lossless(engine):
     """``collect_candidates``: k candidates per generated position, at most one of them the target's token, the
     target's token counted where the draft ranked it; SAGE with the fitted table still equals plain decoding."""
