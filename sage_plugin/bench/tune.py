@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..config import SageConfig
 from ..core.policies import build_policy
 from ..engines.lm import GenRequest
+from ..engines.profile import alternating
 from ..engines.speculative import SamplingParams, SpecEngine
 
 __all__ = ["CHAIN_DEPTHS", "STATIC_SIZES", "static_cut", "tune_static", "tuning_candidates"]
@@ -40,9 +41,9 @@ def tune_static(
 ) -> tuple[str, SageConfig, dict[str, float]]:
     """Time every candidate on ``requests`` (one at a time, after one warm-up request each).
 
-    The candidates take turns request by request, the order reversed at every request (as
-    :func:`~sage_plugin.engines.profile.interleaved_ms` does for forward sizes): a machine whose speed drifts during
-    the tuning slows every candidate alike instead of the ones timed last.
+    The candidates take turns request by request, the order reversed at every request
+    (:func:`~sage_plugin.engines.profile.alternating`, as forward sizes are timed): a machine whose speed drifts
+    during the tuning slows every candidate alike instead of the ones timed last.
 
     Returns ``(label, config, tok_s)``: the fastest candidate and every candidate's decode tokens per second.
     """
@@ -51,11 +52,10 @@ def tune_static(
     for policy in policies.values():
         engine.generate(requests[:1], params, policy)  # warm-up
     tokens, seconds = dict.fromkeys(cands, 0), dict.fromkeys(cands, 0.0)
-    for i, req in enumerate(requests):
-        for label in list(policies) if i % 2 == 0 else reversed(policies):
-            (out,) = engine.generate([req], params, policies[label])
-            tokens[label] += max(0, len(out.tokens) - 1)
-            seconds[label] += engine.last_decode_s
+    for i, label in alternating(list(policies), len(requests)):
+        (out,) = engine.generate([requests[i]], params, policies[label])
+        tokens[label] += max(0, len(out.tokens) - 1)
+        seconds[label] += engine.last_decode_s
     tok_s = {label: tokens[label] / seconds[label] if seconds[label] > 0 else 0.0 for label in cands}
     best = max(tok_s, key=tok_s.get)
     return best, cands[best], tok_s

@@ -9,6 +9,7 @@ reported by ``sage bench`` as ``profile_s``), like SGLang's CUDA-graph capture a
 from __future__ import annotations
 
 import time
+from typing import Iterator, Sequence, TypeVar
 
 import torch
 
@@ -16,7 +17,9 @@ from .cost_samples import CostSamples
 from .kv import SeqState
 from .lm import EngineModel
 
-__all__ = ["measure_cost_samples", "interleaved_ms", "NODE_COUNTS"]
+__all__ = ["measure_cost_samples", "alternating", "interleaved_ms", "NODE_COUNTS"]
+
+T = TypeVar("T")
 
 #: node counts (root excluded) timed; the others are interpolated.  Dense where a few-row BLAS call can cost more
 #: than a larger one (the padding targets), sparse past it.
@@ -41,18 +44,29 @@ def _forward_ms(forward, state: SeqState, q: int, sync) -> float:
     return ms
 
 
-def interleaved_ms(time_one, sizes: list[int], sweeps: int) -> dict[int, list[float]]:
-    """``{size: [ms per sweep]}``: ``time_one(size)`` over every size once per sweep, the sweeps alternating between
-    ascending and descending order.
+def alternating(items: Sequence[T], rounds: int) -> Iterator[tuple[int, T]]:
+    """``(round, item)`` for every item in every round, the rounds alternating between ``items``' order and its
+    reverse.
 
-    A device whose speed drifts while it is timed (a shared VM, a GPU warming up) then moves every size's samples
-    alike, so the curve's shape (which size is cheapest, where padding pays) stays right; timing each size's repeats
-    back to back puts the drift between sizes instead.  Example, sizes 1, 2, 3 over 3 sweeps: 1 2 3 | 3 2 1 | 1 2 3.
+    >>> "".join(item for _, item in alternating("abc", 3))
+    'abccbaabc'
+
+    Timing repeats in this order, a device whose speed drifts linearly while it is timed (a shared VM, a GPU warming
+    up) moves every item's samples alike: over an even number of rounds the two middle samples of each item were
+    taken at times whose mean is the same for all.  Timing each item's repeats back to back puts the drift between
+    items instead.
     """
-    out: dict[int, list[float]] = {s: [] for s in sizes}
-    for sweep in range(sweeps):
-        for s in sizes if sweep % 2 == 0 else reversed(sizes):
-            out[s].append(time_one(s))
+    for r in range(rounds):
+        for item in items if r % 2 == 0 else reversed(items):
+            yield r, item
+
+
+def interleaved_ms(time_one, sizes: Sequence[T], sweeps: int) -> dict[T, list[float]]:
+    """``{size: [ms per sweep]}``: ``time_one(size)`` over every size once per sweep, in :func:`alternating` order,
+    so the curve's shape (which size is cheapest, where padding pays) survives a drifting device."""
+    out: dict[T, list[float]] = {s: [] for s in sizes}
+    for _, s in alternating(sizes, sweeps):
+        out[s].append(time_one(s))
     return out
 
 
