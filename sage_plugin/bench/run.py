@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from ..core.policies import build_policy
 from ..engines.lm import GenRequest
+from ..engines.profile import alternating
 from ..engines.speculative import GenOutput, SamplingParams, SpecEngine
 from .methods import MethodSpec
 
@@ -77,7 +78,12 @@ def run_methods(
     warmup: int = 1,
     progress: bool = True,
 ) -> dict[str, MethodResult]:
-    """Run every method on every request (interleaved per batch) and collect metrics."""
+    """Run every method on every request and collect metrics.
+
+    The methods take turns batch by batch, their order reversed at every batch
+    (:func:`~sage_plugin.engines.profile.alternating`): a machine whose speed drifts during the run slows every
+    method alike, and no method always runs first (after another method's forwards) or last.
+    """
     policies = {m.name: (build_policy(m.config) if m.config is not None else None) for m in methods}
     results = {m.name: MethodResult(m.name) for m in methods}
     if warmup:
@@ -88,24 +94,23 @@ def run_methods(
                 results[m.name].profile_s += engine.last_profile_s
     batches = _batches(requests, batch_size)
     bar = tqdm(total=len(batches) * len(methods), desc="bench", disable=not progress, unit="run")
-    for batch in batches:
-        for m in methods:
-            outs: list[GenOutput] = engine.generate(batch, params, policies[m.name])
-            res = results[m.name]
-            res.decode_s += engine.last_decode_s
-            res.prefill_s += engine.last_prefill_s
-            res.profile_s += engine.last_profile_s
-            res.policy_s += engine.last_policy_s
-            # requests of a batch leave it but never join: the batch ran as many rounds as its longest request
-            res.batch_rounds += max(out.target_forwards for out in outs)
-            for out in outs:
-                res.outputs[out.request_id] = out.tokens
-                res.forwards[out.request_id] = out.target_forwards
-                res.decode_tokens += max(0, len(out.tokens) - 1)
-                res.target_forwards += out.target_forwards
-                res.rounds.extend((out.request_id, r) for r in out.rounds)
-            bar.set_postfix_str(m.name)
-            bar.update()
+    for i, m in alternating(methods, len(batches)):
+        outs: list[GenOutput] = engine.generate(batches[i], params, policies[m.name])
+        res = results[m.name]
+        res.decode_s += engine.last_decode_s
+        res.prefill_s += engine.last_prefill_s
+        res.profile_s += engine.last_profile_s
+        res.policy_s += engine.last_policy_s
+        # requests of a batch leave it but never join: the batch ran as many rounds as its longest request
+        res.batch_rounds += max(out.target_forwards for out in outs)
+        for out in outs:
+            res.outputs[out.request_id] = out.tokens
+            res.forwards[out.request_id] = out.target_forwards
+            res.decode_tokens += max(0, len(out.tokens) - 1)
+            res.target_forwards += out.target_forwards
+            res.rounds.extend((out.request_id, r) for r in out.rounds)
+        bar.set_postfix_str(m.name)
+        bar.update()
     bar.close()
     ref = results.get("ar")
     if ref is not None:
