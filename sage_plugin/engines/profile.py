@@ -119,8 +119,9 @@ def measure_cost_samples(
         if ms > stop_ratio * first:
             break
     out.limit = kept[-1]
-    # padded: every width up to MAX_PADDED_WIDTH (the typical width runs at one of them); else the typical alone
-    widths = list(range(1, min(max_width, MAX_PADDED_WIDTH) + 1)) if pad and max_width else [out.typical_width]
+    widths = list(range(1, min(max_width, MAX_PADDED_WIDTH) + 1)) if pad else []
+    if out.typical_width > len(widths):  # past the padded widths (or unpadded): timed at its own size as well
+        widths.append(out.typical_width)
     for w in widths:
         _forward_ms(draft_forward, dstate, w, sync)  # warm-up
     jobs = [("verify", c) for c in kept] + [("draft", w) for w in widths]
@@ -134,8 +135,4 @@ def measure_cost_samples(
     for (kind, size), times in interleaved_ms(time_one, jobs, max(1, repeats)).items():
         for ms in times:
             (out.add_verify if kind == "verify" else out.add_draft)(size, ms)
-    typical = out.cost().draft_width(out.typical_width)
-    if typical not in out.draft:  # a typical width past the padded ones, timed alone
-        for ms in interleaved_ms(lambda w: _forward_ms(draft_forward, dstate, w, sync), [typical], repeats)[typical]:
-            out.add_draft(typical, ms)
     return out.start()

@@ -89,3 +89,14 @@ def test_back_to_back_repeats_lose_the_shape_under_the_same_drift(drifting, monk
     monkeypatch.setattr(profile, "interleaved_ms", ascending)
     cost = _measure(target_fwd, draft_fwd, max_width=4)
     assert list(cost.verify_run) != cheapest_at_least([_true_ms(q + 1) for q in range(16)])[1]
+
+
+@pytest.mark.parametrize(("pad", "max_width", "typical", "widths"), [(False, 4, 3, [3]), (True, 4, 3, [1, 2, 3, 4]),
+                                                                      (True, 2, 3, [1, 2, 3]), (True, 0, 2, [2])])  # fmt: skip
+def test_draft_widths_timed(drifting, pad, max_width, typical, widths):
+    """Padded: every width up to ``max_width``; a typical width past them (or unpadded, the typical alone) is timed
+    at its own size too, in the same sweeps, ``repeats`` times each."""
+    target_fwd, draft_fwd = drifting
+    target = types.SimpleNamespace(forward=target_fwd)
+    s = profile.measure_cost_samples(target, draft_fwd, _State(), _State(), 3, typical, pad=pad, max_width=max_width)
+    assert sorted(s.draft) == widths and all(len(d) == 4 for d in s.draft.values())
