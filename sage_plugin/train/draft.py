@@ -152,6 +152,12 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         " 155 against 85 tok/s in process on a 2-core CPU)",
     )
     g.add_argument("--gen-concurrency", type=int, default=64, help="--gen-url requests in flight (default %(default)s)")
+    g.add_argument(
+        "--answers-dir",
+        default=None,
+        help="keep the target's answers across runs in DIR/<target name>/ (read before generating, added to after;"
+        " the repository's store is train-data/answers, docs/training-data.md); default: none",
+    )
     g.add_argument("--topk", type=int, default=8, help="target top-k ids/log-probs stored per position")
     g.add_argument("--label-batch", type=int, default=None, help="windows per target forward (auto: 64 / 4)")
     g.add_argument(

@@ -168,7 +168,7 @@ sage train-draft --out RUN --steps {a["steps"]} --batch-size {a["batch_size"]} -
   --gen-max-new-tokens {a["gen_max_new_tokens"]} \\
   --layers {a["layers"]} --hidden {a["hidden"]} --heads {a["heads"]} --kv-heads {a.get("kv_heads") or a["heads"]} \\
   --intermediate {a["intermediate"]} --chat-repeat {a.get("chat_repeat", 2)} --head-vocab {a["head_vocab"]} --init-embeddings {a["init_embeddings"]} --kl-weight {a["kl_weight"]} \\
-  --seed {a["seed"]}{f" --eval-limit {a['eval_limit']}" if a.get("eval_limit") else ""}
+  --seed {a["seed"]}{f" --eval-limit {a['eval_limit']}" if a.get("eval_limit") else ""}{" --answers-dir train-data/answers" if a.get("answers_dir") else ""}
 ```
 
 ## Licence

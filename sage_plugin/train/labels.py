@@ -23,9 +23,14 @@ import torch
 from sage_plugin.data.prompts import Prompt, render_chat
 from sage_plugin.engines.lm import load_causal_lm
 
+from .answers import answer_store_for
 from .common import atomic_save, cut_after_eos, progress_bar
 from .data import chat_prompts, text_documents
-from .server_gen import check_server, server_generations
+from .server_gen import check_server, server_generations, server_generator
+
+#: the ``generator`` recorded with stored answers (:mod:`.answers`) made in process, or found in a ``gen/`` cache
+IN_PROCESS = "transformers generate (greedy, in process)"
+GEN_CACHE = "unrecorded (read from a gen/ cache shard)"
 
 logger = logging.getLogger(__name__)
 
@@ -215,13 +220,22 @@ def chat_generations(target: _LazyTarget, tokenizer, msgs: list[str], path: Path
     """The target's greedy answers to one shard of chat prompts, cached at ``path`` (``gen/gen_K.pt``).
 
     Returns ``{"prompts": msgs, "sequences": [int32 prompt+answer ids]}``; a cached shard is reused only if it holds
-    exactly ``msgs``.  Uses ``args.gen_max_new_tokens`` and ``args.gen_batch`` (``args.gen_url``: the shards were
-    answered by :func:`server_prefetch` first, so only a shard it could not write is generated here).
+    exactly ``msgs``.  With ``args.answers_dir``, answers already in that :class:`~.answers.AnswerStore` are read from it
+    and generated ones (or a cached shard's) are added to it.  Uses ``args.gen_max_new_tokens`` and
+    ``args.gen_batch`` (``args.gen_url``: the shards were answered by :func:`server_prefetch` first, so only a shard
+    it could not write is generated here).
     """
+    store = answer_store_for(args, target.target_dir)
+    ids = _chat_ids(tokenizer, msgs)
     gen = _cached_generations(path, msgs)
     if gen is not None:
+        if store is not None and store.usable and store.lookup(ids) is None:
+            conts = [s[len(p) :].tolist() for p, s in zip(ids, gen["sequences"], strict=True)]
+            store.add(ids, conts, GEN_CACHE)
         return gen
-    ids = _chat_ids(tokenizer, msgs)
+    conts = store.lookup(ids) if store is not None else None
+    if conts is not None:
+        return _save_generations(path, msgs, ids, conts)
     pad, eos = pad_and_eos(tokenizer)
     t0 = time.time()
     conts = greedy_generate(
@@ -234,6 +248,8 @@ def chat_generations(target: _LazyTarget, tokenizer, msgs: list[str], path: Path
         device=target.device,
     )
     stats.add(sum(len(c) for c in conts), time.time() - t0)
+    if store is not None:
+        store.add(ids, conts, IN_PROCESS)
     return _save_generations(path, msgs, ids, conts)
 
 
@@ -242,16 +258,30 @@ def server_prefetch(tokenizer, shards: list[tuple[list[str], Path]], args, targe
     (:mod:`.server_gen`, ``args.gen_concurrency`` requests in flight) and saved as :func:`chat_generations` would."""
     if not getattr(args, "gen_url", None):
         return
-    todo = [(msgs, path) for msgs, path in shards if _cached_generations(path, msgs) is None]
+    store = answer_store_for(args, target_dir)
+    todo = []
+    for msgs, path in shards:
+        if _cached_generations(path, msgs) is not None:
+            continue
+        ids = _chat_ids(tokenizer, msgs)
+        stored = store.lookup(ids) if store is not None else None
+        if stored is not None:
+            _save_generations(path, msgs, ids, stored)
+        else:
+            todo.append((msgs, path, ids))
     if not todo:
         return
     check_server(args.gen_url, target_dir)
     _, eos = pad_and_eos(tokenizer)
-    jobs = []
-    for msgs, path in todo:
-        ids = _chat_ids(tokenizer, msgs)
-        jobs.append((ids, lambda conts, m=msgs, p=path, i=ids: _save_generations(p, m, i, conts)))
-    bar = progress_bar(total=sum(len(m) for m, _ in todo), desc=f"answers from {args.gen_url}", unit="prompt",
+    generator = server_generator(args.gen_url)
+
+    def save(conts, m, p, i):
+        if store is not None:
+            store.add(i, conts, generator)
+        _save_generations(p, m, i, conts)
+
+    jobs = [(ids, lambda conts, m=msgs, p=path, i=ids: save(conts, m, p, i)) for msgs, path, ids in todo]
+    bar = progress_bar(total=sum(len(m) for m, _, _ in todo), desc=f"answers from {args.gen_url}", unit="prompt",
                        disable=args.no_progress)  # fmt: skip
     t0 = time.time()
     n = server_generations(args.gen_url, jobs, args.gen_max_new_tokens, [eos] if eos is not None else [],

@@ -28,7 +28,7 @@ from .common import cut_after_eos
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_server", "server_generations"]
+__all__ = ["check_server", "server_generations", "server_generator"]
 
 Shard = tuple[Sequence[Sequence[int]], Callable[[list[list[int]]], None]]
 
@@ -52,6 +52,15 @@ def check_server(url: str, target_dir: Path) -> None:
     if served.resolve() != Path(target_dir).resolve():
         logger.warning("--gen-url %s serves %s, not the target %s: its answers are used as the target's", url,
                        served, target_dir)  # fmt: skip
+
+
+def server_generator(url: str) -> str:
+    """What produced a server's answers, as recorded in the answer store: SGLang's version (``/get_server_info``)."""
+    try:
+        version = _request(url, "/get_server_info", timeout=30).get("version", "?")
+    except OSError:
+        version = "?"
+    return f"sglang {version} /generate (greedy)"
 
 
 def _answer(url: str, ids: Sequence[int], max_new_tokens: int, eos: set[int]) -> list[int]:

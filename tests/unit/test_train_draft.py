@@ -443,3 +443,50 @@ def test_eagle3_trainer_takes_answers_from_gen_url(tiny_target, fake_server, tmp
     gen = torch.load(next((out / "gen").glob("gen_*.pt")), weights_only=True)
     assert fake_server.requests == len(gen["prompts"]) == 64
     assert (out / "eagle3_ckpt.pt").is_file()
+
+
+def test_answers_dir_keeps_answers_for_the_next_run(tiny_target, fake_server, tmp_path, monkeypatch):
+    """``--answers-dir``: answers a server gave are stored; a later run with an empty work directory reads them
+    instead of asking a server or generating, and writes the same ``gen/`` shards; a cached shard's answers are
+    added to a store that lacks them."""
+    import gzip
+
+    from transformers import AutoTokenizer
+
+    import sage_plugin.train.labels as labels
+    from sage_plugin.train.answers import AnswerStore
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_target))
+    msgs = chat_prompts(6, seed=0)
+    store_dir = tmp_path / "answers"
+    args = argparse.Namespace(gen_url=fake_server.url, gen_concurrency=3, gen_max_new_tokens=10, gen_batch=4,
+                              no_progress=True, answers_dir=str(store_dir))  # fmt: skip
+    first = [(msgs[:4], tmp_path / "run1" / "gen_0.pt"), (msgs[4:], tmp_path / "run1" / "gen_1.pt")]
+    (tmp_path / "run1").mkdir()
+    labels.server_prefetch(tok, first, args, tiny_target)
+    assert fake_server.requests == 6
+    store = AnswerStore(store_dir / tiny_target.name, tiny_target.name, 10)
+    assert len(store) == 6 and len(list(store.root.glob("answers-*.jsonl.gz"))) == 2
+    with gzip.open(next(store.root.glob("answers-*.jsonl.gz")), "rt") as fh:  # the fake has no /get_server_info
+        assert {json.loads(line)["generator"] for line in fh} == {"sglang ? /generate (greedy)"}
+
+    def no_generation(*a, **k):
+        raise AssertionError("generated although the store holds the answers")
+
+    monkeypatch.setattr(labels, "greedy_generate", no_generation)
+    second = [(m, tmp_path / "run2" / p.name) for m, p in first]
+    (tmp_path / "run2").mkdir()
+    (tmp_path / "run3").mkdir()
+    labels.server_prefetch(tok, second, args, tiny_target)  # from the store: the server is not asked
+    target = labels._LazyTarget(tiny_target, torch.device("cpu"))
+    offline = argparse.Namespace(**{**vars(args), "gen_url": None})
+    for (m, p1), (_, p2) in zip(first, second, strict=True):
+        g1, g2 = torch.load(p1, weights_only=True), torch.load(p2, weights_only=True)
+        assert [s.tolist() for s in g1["sequences"]] == [s.tolist() for s in g2["sequences"]]
+        g3 = labels.chat_generations(target, tok, m, tmp_path / "run3" / p1.name, offline, labels._Throughput())
+        assert [s.tolist() for s in g3["sequences"]] == [s.tolist() for s in g1["sequences"]]
+    assert fake_server.requests == 6 and target._model is None  # the target was never even loaded
+    ingest = argparse.Namespace(**{**vars(offline), "answers_dir": str(tmp_path / "fresh")})
+    labels.chat_generations(target, tok, msgs[:4], first[0][1], ingest, labels._Throughput())  # a cached shard
+    fresh = AnswerStore(tmp_path / "fresh" / tiny_target.name, tiny_target.name, 10)
+    assert fresh.lookup(labels._chat_ids(tok, msgs[:4])) == store.lookup(labels._chat_ids(tok, msgs[:4]))

@@ -38,7 +38,11 @@ def model_card(record: dict) -> str:
         if a.get("gen_url")
         else ""
     )
-    gen_url = " --gen-url http://HOST:PORT" if a.get("gen_url") else ""
+    if a.get("answers_dir"):
+        served += " They are kept in the repository's `train-data/answers` (`--answers-dir`, docs/training-data.md)."
+    gen_url = (" --gen-url http://HOST:PORT" if a.get("gen_url") else "") + (
+        " \\\n  --answers-dir train-data/answers" if a.get("answers_dir") else ""
+    )
     return f"""---
 license: apache-2.0
 base_model: HuggingFaceTB/SmolLM2-135M-Instruct
