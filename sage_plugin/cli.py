@@ -136,6 +136,9 @@ def _serving_parser(sub) -> None:
                    "requests at once, timed until the last returns; stream: each repeat sends --stream-per-slot x B "
                    "requests through B closed-loop client slots (continuous batching at concurrency B)")  # fmt: skip
     p.add_argument("--stream-per-slot", type=int, default=4, help="with --load stream: requests per client slot")
+    p.add_argument("--length-range-ratio", type=float, default=1.0, help="each prompt's output cap drawn from [R, 1] "
+                   "x --max-new-tokens (the same on every server; like SGLang bench_serving's --random-range-ratio): "
+                   "requests of different lengths do not finish in lockstep (default 1: every cap the same)")  # fmt: skip
     p.add_argument("--num-prompts", type=int, default=16, help="prompts to draw batches from")
     p.add_argument("--libcuda-dir", default=".sglang-libcuda", help="where tools/setup_sglang.sh unpacked libcuda")
     p.add_argument("--log-dir", default="out/bench-serving", help="server logs")
@@ -195,6 +198,7 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, requests=serving_requests(prompts, target),
         methods=methods, eagle3=eagle3.resolve() if eagle3 else None, eagle3_config=Path(args.eagle3_config).resolve(),
         urls=urls, warmup=args.warmup, load=args.load, stream_per_slot=args.stream_per_slot,
+        length_ratio=args.length_range_ratio,
     )  # fmt: skip
     report["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
     report["prompts"] = args.prompts or args.datasets

@@ -25,6 +25,7 @@ driver the launch environment gets the user-space libcuda that ``tools/setup_sgl
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -175,11 +176,10 @@ def _run_batch(
 ) -> list[list[int]]:
     """Serve ``requests`` (all at once, or through ``concurrency`` closed-loop client slots) and add the tokens, the
     wall time of the whole set and each request's latency to ``side``; returns the output ids in request order."""
-    params = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
 
     def one(r: dict) -> tuple[dict, float]:
         t = time.perf_counter()
-        out = server.post("/generate", {**r, "sampling_params": params})
+        out = server.post("/generate", _payload(r, max_new_tokens))
         return out, time.perf_counter() - t
 
     t0 = time.perf_counter()
@@ -193,6 +193,39 @@ def _run_batch(
             side.accept.append(meta["spec_accept_length"])
         side.sage.extend(meta.get("sage") or [])
     return [o["output_ids"] for o, _ in results]
+
+
+#: a request's own output cap (:func:`output_caps`), kept beside its ``/generate`` payload and never sent as a field
+CAP_KEY = "_max_new_tokens"
+
+
+def _payload(r: dict[str, Any], max_new_tokens: int) -> dict[str, Any]:
+    """``r``'s ``/generate`` body, greedy: its own cap where it has one (``CAP_KEY``), else ``max_new_tokens``."""
+    cap = r.get(CAP_KEY, max_new_tokens)
+    body = {k: v for k, v in r.items() if k != CAP_KEY}
+    return {**body, "sampling_params": {"max_new_tokens": min(cap, max_new_tokens), "temperature": 0.0}}
+
+
+def output_caps(n: int, max_new_tokens: int, ratio: float, seed: int = 0) -> list[int]:
+    """Per-prompt output caps drawn uniformly from ``[ratio * max_new_tokens, max_new_tokens]`` (deterministic).
+
+    Requests that all stop at one length finish in lockstep under plain decoding, so their successors arrive (and
+    prefill) together; speculative requests finish at different steps and their successors prefill one by one.
+    Production requests have different lengths; ``ratio < 1`` gives the prompts different ones (each prompt the
+    same cap on every server and repeat), as SGLang's ``bench_serving --random-range-ratio`` does for output
+    lengths.  ``ratio == 1``: every cap is ``max_new_tokens``.
+
+    >>> output_caps(5, 64, 1.0)
+    [64, 64, 64, 64, 64]
+    >>> caps = output_caps(1000, 64, 0.5)
+    >>> min(caps) >= 32 and max(caps) <= 64 and len(set(caps)) == 33
+    True
+    """
+    if not 0.0 < ratio <= 1.0:
+        raise ConfigError(f"--length-range-ratio must be in (0, 1], got {ratio}")
+    lo = max(1, round(ratio * max_new_tokens))
+    rng = random.Random(seed)
+    return [rng.randint(lo, max_new_tokens) for _ in range(n)]
 
 
 def _batch(requests: list[dict[str, Any]], bs: int, r: int) -> list[dict[str, Any]]:
@@ -229,7 +262,8 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
                       batch_sizes: list[int], max_new_tokens: int, repeats: int, requests: list[dict[str, Any]],
                       methods: list[str] = ("plain", "sage"), eagle3: Path | None = None,
                       eagle3_config: Path | None = None, urls: dict[str, str] | None = None,
-                      warmup: int = 1, load: str = "batch", stream_per_slot: int = 4) -> dict[str, Any]:  # fmt: skip
+                      warmup: int = 1, load: str = "batch", stream_per_slot: int = 4,
+                      length_ratio: float = 1.0) -> dict[str, Any]:  # fmt: skip
     """Launch one server per method (all at once; a method in ``urls`` is that running server instead), measure
     every batch size ``repeats`` times, stop the servers it launched.
 
@@ -244,12 +278,17 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
     repeat's ``stream_per_slot * B`` requests through B closed-loop client slots (a slot sends its next request when
     its last one returns: continuous batching at concurrency B, as production serving runs; the batch shrinks only
     at the end of the stream).
+    ``length_ratio`` < 1: each prompt's output cap is drawn from ``[length_ratio, 1] x max_new_tokens``
+    (:func:`output_caps`; 1: every request runs to ``max_new_tokens`` unless it stops).
     ``requests`` are ``/generate`` payloads without sampling parameters (:func:`serving_requests`); ``methods``
     start with ``plain`` (:func:`parse_serving_methods`).  Returns the report dict (``rows``: one per method and
     batch size).
     """
     if load not in ("batch", "stream") or stream_per_slot < 1:
         raise ConfigError(f"--load batch|stream and --stream-per-slot >= 1, got {load!r} and {stream_per_slot}")
+    caps = output_caps(len(requests), max_new_tokens, length_ratio)
+    if length_ratio < 1.0:
+        requests = [{**r, CAP_KEY: c} for r, c in zip(requests, caps, strict=True)]
     log_dir.mkdir(parents=True, exist_ok=True)
     urls = urls or {}
     servers: dict[str, HttpServer] = {}
@@ -268,8 +307,7 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
             argv = method_args(m, config, target, draft, sizes, eagle3, eagle3_config)
             servers[m] = Server(argv, env, log_dir / f"{m}.log")
         for server in servers.values():  # warm-up: first requests pay one-off costs
-            parallel(lambda r, s=server: s.post("/generate", {**r, "sampling_params": {"max_new_tokens": 8}}),
-                     requests[:2])  # fmt: skip
+            parallel(lambda r, s=server: s.post("/generate", _payload(r, 8)), requests[:2])
         for bs in batch_sizes:
             sides = {m: _Side() for m in methods}
             same = dict.fromkeys(methods, True)
@@ -296,14 +334,17 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
     return {"rows": rows, "algorithms": info, "methods": list(methods), "config": str(config), "target": str(target),
             "draft": str(draft), "eagle3_head": None if eagle3 is None else str(eagle3),
             "max_new_tokens": max_new_tokens, "warmup": warmup, "load": load, "stream_per_slot": stream_per_slot,
+            "length_range_ratio": length_ratio,
             "sage_state": sage_state, "urls": dict(urls)}  # fmt: skip
 
 
 def _load_line(report: dict[str, Any]) -> str:
+    ratio = report.get("length_range_ratio", 1.0)
+    caps = "" if ratio >= 1.0 else f"; output caps drawn per prompt from [{ratio:g}, 1] x {report['max_new_tokens']}"
     if report.get("load", "batch") == "stream":
         return (f"load: stream, {report['stream_per_slot']} requests per client slot, `batch` = concurrent slots "
-                "(continuous batching)")  # fmt: skip
-    return "load: batch, `batch` requests sent together, timed until the last returns"
+                f"(continuous batching){caps}")  # fmt: skip
+    return f"load: batch, `batch` requests sent together, timed until the last returns{caps}"
 
 
 def format_table(report: dict[str, Any]) -> str:

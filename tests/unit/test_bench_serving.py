@@ -366,3 +366,31 @@ def test_bad_load_is_refused(tmp_path, fakes):
         _load_bench(tmp_path, plain, sage, "stream", stream_per_slot=0)
     with pytest.raises(ConfigError, match="--load"):
         _load_bench(tmp_path, plain, sage, "flood")
+
+
+def test_length_range_gives_each_prompt_its_own_cap_on_every_server(tmp_path, fakes):
+    """``--length-range-ratio``: each prompt carries one output cap drawn from [R, 1] x max_new_tokens, the same on
+    every server and repeat; the cap travels as ``max_new_tokens`` and never as a field of the payload."""
+    from sage_plugin.bench.serving import CAP_KEY, output_caps
+
+    plain, sage = fakes(), fakes()
+    report = _load_bench(tmp_path, plain, sage, "stream", stream_per_slot=4, length_ratio=0.4)
+    caps = dict(zip(["p" * (i + 1) for i in range(10)], output_caps(10, 5, 0.4), strict=True))
+    assert len(set(caps.values())) > 1 and min(caps.values()) >= 2
+    for fake in (plain, sage):
+        measured = fake.requests[2:]
+        assert len(measured) == 24 and all(CAP_KEY not in r for r in fake.requests)
+        assert all(r["sampling_params"]["max_new_tokens"] == caps[r["text"]] for r in measured)
+        assert all(r["sampling_params"]["max_new_tokens"] == min(8, caps[r["text"]]) for r in fake.requests[:2])
+    assert report["length_range_ratio"] == 0.4 and "output caps drawn per prompt from [0.4, 1] x 5" in format_table(
+        report
+    )
+    assert all(r["identical"] for r in report["rows"])
+
+
+def test_bad_length_range_is_refused_before_any_request(tmp_path, fakes):
+    plain, sage = fakes(), fakes()
+    for ratio in (0.0, 1.5):
+        with pytest.raises(ConfigError, match="--length-range-ratio must be in"):
+            _load_bench(tmp_path, plain, sage, "stream", length_ratio=ratio)
+    assert plain.requests == [] and sage.requests == []
