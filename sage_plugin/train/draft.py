@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import random
 import sys
 from pathlib import Path
@@ -70,6 +71,8 @@ def train_draft(args) -> int:
             if getattr(args, key, None) is None:
                 setattr(args, key, val)
         target_dir = Path(args.target) if args.target else ensure_smollm2()
+        if args.answers_only:
+            return _answers_only(args, target_dir, device)
         return train_eagle3(args, target_dir, load_tokenizer(target_dir))
     out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
@@ -79,6 +82,8 @@ def train_draft(args) -> int:
     random.seed(args.seed)
 
     target_dir = Path(args.target) if args.target else ensure_smollm2()
+    if args.answers_only:
+        return _answers_only(args, target_dir, device)
     tokenizer = load_tokenizer(target_dir)
     target_cfg = target_config(target_dir)
 
@@ -105,6 +110,25 @@ def train_draft(args) -> int:
         progress=not args.no_progress,
         cache_dir=args.eval_cache,
     )
+    return 0
+
+
+def _answers_only(args, target_dir: Path, device: torch.device) -> int:
+    """``--answers-only``: the target's answers to the shards this run would train on, nothing else (to fill
+    ``--answers-dir`` in a session that does not train)."""
+    from .labels import GEN_SHARD_PROMPTS, collect_answers
+
+    if args.kind == "eagle3":
+        from .eagle3.loop import shard_order
+
+        pool = args.gen_prompt_pool
+        shard_ids = shard_order(pool // GEN_SHARD_PROMPTS)[: args.gen_shards]
+    else:
+        pool = args.gen_prompts
+        shard_ids = list(range(math.ceil(pool / GEN_SHARD_PROMPTS)))
+    out = Path(args.out).expanduser()
+    n = collect_answers(args, load_tokenizer(target_dir), target_dir, out, pool, shard_ids, device)
+    print(json.dumps({"stage": "answers", "shards": len(shard_ids), "answer_tokens": n}))
     return 0
 
 
@@ -170,6 +194,9 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--val-windows", type=int, default=32, help="held-out windows per source for periodic validation")
     g.add_argument("--chat-repeat", type=int, default=2, help="weight of target-answer windows in the training mix")
     g.add_argument("--labels-only", action="store_true", help="stop after the label stage")
+    g.add_argument("--answers-only", action="store_true", help="only the target's answers to the prompts this run "
+                   "would train on (into --out/gen and --answers-dir), then stop: fills the store in a session that "
+                   "does not train")  # fmt: skip
     g = parser.add_argument_group("draft model")
     g.add_argument("--layers", type=int, default=2)
     g.add_argument("--hidden", type=int, default=256)

@@ -490,3 +490,23 @@ def test_answers_dir_keeps_answers_for_the_next_run(tiny_target, fake_server, tm
     labels.chat_generations(target, tok, msgs[:4], first[0][1], ingest, labels._Throughput())  # a cached shard
     fresh = AnswerStore(tmp_path / "fresh" / tiny_target.name, tiny_target.name, 10)
     assert fresh.lookup(labels._chat_ids(tok, msgs[:4])) == store.lookup(labels._chat_ids(tok, msgs[:4]))
+
+
+def test_answers_only_fills_the_store_and_stops(tiny_target, fake_server, tmp_path):
+    """``--answers-only``: the shards the run would train on are answered (here by ``--gen-url``) into ``--out/gen``
+    and ``--answers-dir``, and nothing else runs (no features, no checkpoint); a second run asks nothing."""
+    from sage_plugin.train.answers import AnswerStore
+
+    out, store_dir = tmp_path / "e3", tmp_path / "answers"
+    args = _eagle3_args(out, tiny_target, "--gen-url", fake_server.url, "--answers-only", "--answers-dir",
+                        str(store_dir))  # fmt: skip
+    assert train_draft(args) == 0
+    assert fake_server.requests == 64 and sorted(p.name for p in out.iterdir()) == ["gen"]
+    assert len(AnswerStore(store_dir / tiny_target.name, tiny_target.name, 6)) == 64
+    assert train_draft(_eagle3_args(tmp_path / "again", tiny_target, "--gen-url", fake_server.url, "--answers-only",
+                                    "--answers-dir", str(store_dir))) == 0  # fmt: skip
+    assert fake_server.requests == 64
+    draft_out = tmp_path / "d"  # the standalone kind, in process: its --gen-prompts, one partial shard
+    assert train_draft(_args(draft_out, tiny_target, "--answers-only", "--answers-dir", str(store_dir))) == 0
+    assert sorted(p.name for p in draft_out.iterdir()) == ["gen"]
+    assert len(torch.load(draft_out / "gen" / "gen_00000.pt", weights_only=True)["sequences"]) == 3
