@@ -166,6 +166,17 @@ def test_chat_prompts_second_mix_keeps_the_first_and_covers_every_category():
     assert all("\n\n" in p and len(p) > 120 for p in extraction)  # an instruction, then the text to work on
 
 
+def test_chat_prompts_go_past_the_old_cap_of_9110():
+    """The pool is no longer capped at 9,110 prompts (a total of 1,000 repeats ended it); the first 9,110, which
+    the bundled drafts and the stored answers were made from, are a prefix of the longer list."""
+    from sage_plugin.data.prompts import load_prompts
+
+    big = chat_prompts(9110 + 400, seed=0)
+    assert len(big) == len(set(big)) == 9510 and big[:9110] == chat_prompts(9110, seed=0)
+    held = {m["content"].strip() for ds in ("mt_bench", "humaneval") for p in load_prompts(ds) for m in p.messages}
+    assert not held & {p.strip() for p in big}
+
+
 def test_rare_rows_never_win():
     from transformers import LlamaConfig
 
