@@ -31,7 +31,7 @@ def test_store_is_there_and_well_formed():
     manifest = json.loads((store_dir / "store.json").read_text())
     assert manifest == {"format": STORE_FORMAT, "target": SMOLLM2, "max_new_tokens": 192}
     recs = _records(store_dir)
-    assert len(recs) >= 64 * 24  # the answers behind the bundled EAGLE-3 head at least
+    assert len(recs) >= 64 * 48  # the store only grows: 48 shards at stop 37
     keys = [r["key"] for r in recs]
     assert len(set(keys)) == len(keys), "a prompt is stored twice"
     cap = manifest["max_new_tokens"]
