@@ -35,10 +35,13 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["STORE_FORMAT", "AnswerStore", "prompt_key", "answer_store_for"]
+__all__ = ["STORE_FORMAT", "IN_PROCESS", "GEN_CACHE", "AnswerStore", "prompt_key", "answer_store_for"]
 
 STORE_FORMAT = 1
 _MANIFEST = "store.json"
+#: the ``generator`` recorded with answers made in process, or found in a run's ``gen/`` cache (origin unknown)
+IN_PROCESS = "transformers generate (greedy, in process)"
+GEN_CACHE = "unrecorded (read from a gen/ cache shard)"
 
 
 def prompt_key(prompt_ids: Sequence[int]) -> str:

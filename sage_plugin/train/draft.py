@@ -27,17 +27,26 @@ import logging
 import math
 import random
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from sage_plugin.models import ensure_smollm2, load_tokenizer
 
-from .common import resolve_device
+from .common import progress_bar, resolve_device
 from .data import HELD_OUT_DATASETS, chat_prompts, python_doc_files, stdlib_files
 from .evaluate import chain_tau, evaluate_draft
 from .export import export_draft
-from .labels import build_labels
+from .labels import (
+    GEN_SHARD_PROMPTS,
+    _chat_ids,
+    _LazyTarget,
+    _Throughput,
+    build_labels,
+    chat_generations,
+    server_prefetch,
+)
 from .loop import ARG_DEFAULTS, CKPT_NAME, load_checkpoint, resolve_defaults, train
 from .model import CompactDraft, target_config
 
@@ -113,11 +122,27 @@ def train_draft(args) -> int:
     return 0
 
 
+def _collect_answers(args, tokenizer, target_dir: Path, out: Path, pool: int, shard_ids: Sequence[int],
+                    device: torch.device) -> int:  # fmt: skip
+    """The answer stage alone (``sage train-draft --answers-only``): shard ``k`` is prompts ``[64k, 64k + 64)`` of
+    ``chat_prompts(pool)``; each is answered as the training run would answer it (the store, ``--gen-url``, else in
+    process) into ``out/gen``.  Returns the answer tokens of the shards."""
+    gen_dir = out / "gen"
+    gen_dir.mkdir(parents=True, exist_ok=True)
+    prompts = chat_prompts(pool, seed=args.seed)
+    n = GEN_SHARD_PROMPTS
+    shards = [(prompts[k * n : (k + 1) * n], gen_dir / f"gen_{k:05d}.pt") for k in shard_ids]
+    server_prefetch(tokenizer, shards, args, target_dir)
+    target, stats, total = _LazyTarget(target_dir, device), _Throughput(), 0
+    for msgs, path in progress_bar(shards, desc="answers", unit="shard", disable=args.no_progress):
+        gen = chat_generations(target, tokenizer, msgs, path, args, stats)
+        total += sum(len(s) - len(p) for s, p in zip(gen["sequences"], _chat_ids(tokenizer, msgs), strict=True))
+    return total
+
+
 def _answers_only(args, target_dir: Path, device: torch.device) -> int:
     """``--answers-only``: the target's answers to the shards this run would train on, nothing else (to fill
     ``--answers-dir`` in a session that does not train)."""
-    from .labels import GEN_SHARD_PROMPTS, collect_answers
-
     if args.kind == "eagle3":
         from .eagle3.loop import shard_order
 
@@ -127,7 +152,7 @@ def _answers_only(args, target_dir: Path, device: torch.device) -> int:
         pool = args.gen_prompts
         shard_ids = list(range(math.ceil(pool / GEN_SHARD_PROMPTS)))
     out = Path(args.out).expanduser()
-    n = collect_answers(args, load_tokenizer(target_dir), target_dir, out, pool, shard_ids, device)
+    n = _collect_answers(args, load_tokenizer(target_dir), target_dir, out, pool, shard_ids, device)
     print(json.dumps({"stage": "answers", "shards": len(shard_ids), "answer_tokens": n}))
     return 0
 

@@ -23,14 +23,10 @@ import torch
 from sage_plugin.data.prompts import Prompt, render_chat
 from sage_plugin.engines.lm import load_causal_lm
 
-from .answers import answer_store_for
+from .answers import GEN_CACHE, IN_PROCESS, answer_store_for
 from .common import atomic_save, cut_after_eos, progress_bar
 from .data import chat_prompts, text_documents
 from .server_gen import check_server, server_generations, server_generator
-
-#: the ``generator`` recorded with stored answers (:mod:`.answers`) made in process, or found in a ``gen/`` cache
-IN_PROCESS = "transformers generate (greedy, in process)"
-GEN_CACHE = "unrecorded (read from a gen/ cache shard)"
 
 logger = logging.getLogger(__name__)
 
@@ -289,24 +285,6 @@ def server_prefetch(tokenizer, shards: list[tuple[list[str], Path]], args, targe
     bar.close()
     dt = time.time() - t0
     logger.info("%d answer tokens from %s in %.0f s (%.0f tok/s)", n, args.gen_url, dt, n / max(dt, 1e-9))
-
-
-def collect_answers(args, tokenizer, target_dir: Path, out: Path, pool: int, shard_ids: Sequence[int],
-                    device: torch.device) -> int:  # fmt: skip
-    """The answer stage alone (``sage train-draft --answers-only``): shard ``k`` is prompts ``[64k, 64k + 64)`` of
-    ``chat_prompts(pool)``; each is answered as the training run would answer it (the store, ``--gen-url``, else in
-    process) into ``out/gen``.  Returns the answer tokens of the shards."""
-    gen_dir = out / "gen"
-    gen_dir.mkdir(parents=True, exist_ok=True)
-    prompts = chat_prompts(pool, seed=args.seed)
-    n = GEN_SHARD_PROMPTS
-    shards = [(prompts[k * n : (k + 1) * n], gen_dir / f"gen_{k:05d}.pt") for k in shard_ids]
-    server_prefetch(tokenizer, shards, args, target_dir)
-    target, stats, total = _LazyTarget(target_dir, device), _Throughput(), 0
-    for msgs, path in progress_bar(shards, desc="answers", unit="shard", disable=args.no_progress):
-        gen = chat_generations(target, tokenizer, msgs, path, args, stats)
-        total += sum(len(s) - len(p) for s, p in zip(gen["sequences"], _chat_ids(tokenizer, msgs), strict=True))
-    return total
 
 
 def build_labels(args, tokenizer, target_dir: Path, out: Path, device: torch.device) -> dict:
