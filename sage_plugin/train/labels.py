@@ -222,13 +222,14 @@ def chat_generations(target: _LazyTarget, tokenizer, msgs: list[str], path: Path
     it could not write is generated here).
     """
     store = answer_store_for(args, target.target_dir)
-    ids = _chat_ids(tokenizer, msgs)
     gen = _cached_generations(path, msgs)
     if gen is not None:
-        if store is not None and store.usable and store.lookup(ids) is None:
+        ids = _chat_ids(tokenizer, msgs) if store is not None and store.usable else None
+        if ids is not None and store.lookup(ids) is None:
             conts = [s[len(p) :].tolist() for p, s in zip(ids, gen["sequences"], strict=True)]
             store.add(ids, conts, GEN_CACHE)
         return gen
+    ids = _chat_ids(tokenizer, msgs)
     conts = store.lookup(ids) if store is not None else None
     if conts is not None:
         return _save_generations(path, msgs, ids, conts)
