@@ -177,6 +177,13 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--amp",
+        default="auto",
+        choices=["auto", "bf16", "off"],
+        help="bf16 autocast for training (weights and optimizer stay float32): auto = on CUDA only; bf16 = on CPU"
+        " too (about 1.9x faster per step on a CPU with AMX-BF16); off",
+    )
     g.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     g = parser.add_argument_group("data and labels")
     g.add_argument("--seq-len", type=int, default=256, help="tokens per training window (default %(default)s)")

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .common import atomic_save, progress_bar
+from .common import atomic_save, progress_bar, use_amp
 from .labels import LabelStore
 from .model import CompactDraft, llama_config, pca_embeddings, select_head_vocab
 
@@ -275,7 +275,7 @@ def train(
                 len(store.train_index),
             )
         _set_rng_state(state["rng"])
-    amp = device.type == "cuda"
+    amp = use_amp(args.amp, device)
     log_path = out / "train_log.jsonl"
     ckpt_path = out / CKPT_NAME
 

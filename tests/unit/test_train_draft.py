@@ -521,3 +521,31 @@ def test_answers_only_fills_the_store_and_stops(tiny_target, fake_server, tmp_pa
     assert train_draft(_args(draft_out, tiny_target, "--answers-only", "--answers-dir", str(store_dir))) == 0
     assert sorted(p.name for p in draft_out.iterdir()) == ["gen"]
     assert len(torch.load(draft_out / "gen" / "gen_00000.pt", weights_only=True)["sequences"]) == 3
+
+
+def test_amp_modes():
+    """``--amp``: auto autocasts on CUDA only, bf16 on any device, off never; another word is refused by name."""
+    from sage_plugin.train.common import use_amp
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert [use_amp(m, cpu) for m in ("auto", "bf16", "off")] == [False, True, False]
+    assert [use_amp(m, cuda) for m in ("auto", "bf16", "off")] == [True, True, False]
+    with pytest.raises(ValueError, match="--amp must be one of auto, bf16, off"):
+        use_amp("fp16", cpu)
+
+
+def test_eagle3_bf16_autocast_trains_float32_weights(tiny_target, tmp_path):
+    """``--amp bf16`` on CPU: the same steps as float32 under bf16 autocast (losses close, not equal: the matmuls
+    really ran in bf16), and the checkpoint's weights and optimizer moments stay float32."""
+    logs = {}
+    for mode in ("off", "bf16"):
+        out = tmp_path / mode
+        assert train_draft(_eagle3_args(out, tiny_target, "--amp", mode, "--no-export")) == 0
+        logs[mode] = [json.loads(line) for line in (out / "eagle3_log.jsonl").read_text().splitlines()]
+        ck = torch.load(out / "eagle3_ckpt.pt", map_location="cpu", weights_only=False)
+        assert {t.dtype for t in ck["head"].values() if t.is_floating_point()} == {torch.float32}
+        moments = [v for s in ck["opt"]["state"].values() for k, v in s.items() if k.startswith("exp_avg")]
+        assert moments and {t.dtype for t in moments} == {torch.float32}
+    first = [logs[m][0]["loss"] for m in ("off", "bf16")]
+    assert first[0] != first[1] and abs(first[0] - first[1]) < 0.02 * first[0], first
+    assert [r["step"] for r in logs["bf16"]] == [1, 2, 3, 4]

@@ -24,7 +24,7 @@ import torch
 
 from sage_plugin.engines.eagle3 import Eagle3Head, eagle3_shape
 
-from ..common import atomic_save, progress_bar
+from ..common import atomic_save, progress_bar, use_amp
 from ..data import chat_prompts, text_documents
 from ..labels import (
     GEN_SHARD_PROMPTS,
@@ -172,6 +172,7 @@ def train_head(args, head: Eagle3Head, store: FeatureStore, out: Path, val_rows:
     held = set(val_rows)
     train_rows = [r for r in range(len(store.windows)) if r not in held]
     t2d = target_to_draft(head)
+    amp = use_amp(args.amp, torch.device("cpu"))  # the head trains on the CPU
     log = log_path.open("a")
     t_start = time.time()
     bar = progress_bar(total=args.steps, initial=step, desc="train eagle3", disable=args.no_progress)
@@ -182,7 +183,8 @@ def train_head(args, head: Eagle3Head, store: FeatureStore, out: Path, val_rows:
         rows = [train_rows[i] for i in perm[: args.batch_size].tolist()]
         for g in opt.param_groups:
             g["lr"] = _lr(step, args)
-        loss, accs = ttt_loss(head, store.batch(rows), args.ttt_steps, args.decay, t2d)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss, accs = ttt_loss(head, store.batch(rows), args.ttt_steps, args.decay, t2d)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
@@ -214,8 +216,10 @@ def train_head(args, head: Eagle3Head, store: FeatureStore, out: Path, val_rows:
 def validate(head: Eagle3Head, store: FeatureStore, rows: list[int], args, t2d) -> list[float]:
     """Per-step top-1 accuracy on held-back windows of the training distribution."""
     accs: list[list[float]] = []
+    amp = use_amp(args.amp, torch.device("cpu"))
     for s in range(0, len(rows), args.batch_size):
-        _, a = ttt_loss(head, store.batch(rows[s : s + args.batch_size]), args.ttt_steps, args.decay, t2d)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            _, a = ttt_loss(head, store.batch(rows[s : s + args.batch_size]), args.ttt_steps, args.decay, t2d)
         accs.append(a)
     n = min(len(a) for a in accs)
     return [round(sum(a[k] for a in accs) / len(accs), 4) for k in range(n)]
