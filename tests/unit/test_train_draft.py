@@ -549,3 +549,31 @@ def test_eagle3_bf16_autocast_trains_float32_weights(tiny_target, tmp_path):
     first = [logs[m][0]["loss"] for m in ("off", "bf16")]
     assert first[0] != first[1] and abs(first[0] - first[1]) < 0.02 * first[0], first
     assert [r["step"] for r in logs["bf16"]] == [1, 2, 3, 4]
+
+
+def test_length_groups_batches():
+    """``--length-groups G``: a batch is one length-sorted block of G x batch random rows (little padding), every row
+    equally likely; G = 1 draws exactly the uniform batches the trainer always drew; G < 1 is refused by name."""
+    from sage_plugin.train.eagle3.loop import batch_rows
+
+    rows = list(range(200))
+    lengths = [(7 * r) % 97 + 3 for r in rows]
+    for step in range(20):  # G = 1: the old draw (randperm seeded by seed + step, first batch rows)
+        perm = torch.randperm(200, generator=torch.Generator().manual_seed(5 + step))[:8].tolist()
+        assert batch_rows(rows, lengths, step, 8, 5, 1) == perm
+    spread = {g: [] for g in (1, 8)}
+    counts = torch.zeros(200)
+    for step in range(4000):
+        for g in spread:
+            b = batch_rows(rows, lengths, step, 8, 5, g)
+            assert len(set(b)) == 8 and set(b) <= set(rows)
+            spread[g].append(max(lengths[r] for r in b) - min(lengths[r] for r in b))
+            if g == 8:
+                counts[b] += 1
+    assert sum(spread[8]) < 0.3 * sum(spread[1])  # grouped batches span a fraction of the length range
+    assert counts.min() > 0.6 * counts.mean() and counts.max() < 1.4 * counts.mean()  # ~160 draws each
+    assert batch_rows(rows, lengths, 3, 8, 5, 8) == batch_rows(rows, lengths, 3, 8, 5, 8)  # stateless
+    parser = argparse.ArgumentParser()
+    add_train_args(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--out", "x", "--length-groups", "0"])

@@ -15,6 +15,13 @@ __all__ = ["add_eagle3_args", "train_eagle3"]
 logger = logging.getLogger(__name__)
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (got {text})")
+    return value
+
+
 def add_eagle3_args(parser: argparse.ArgumentParser) -> None:
     """Flags used by ``--kind eagle3`` only (the shared ones: --out, --steps, --lr, --batch-size, --seq-len...)."""
     g = parser.add_argument_group("eagle3 head (--kind eagle3)")
@@ -22,6 +29,13 @@ def add_eagle3_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--gen-prompt-pool", type=int, default=9088, help="size of the chat prompt list shards cut")
     g.add_argument("--ttt-steps", type=int, default=5, help="draft steps unrolled in training (training-time test)")
     g.add_argument("--decay", type=float, default=0.8, help="loss weight of unrolled step k is decay**k")
+    g.add_argument(
+        "--length-groups",
+        type=_at_least_one,
+        default=1,
+        help="G > 1: each batch is one of G length-sorted blocks of G x batch-size random windows (less padding);"
+        " 1 (default): uniform batches",
+    )
     g.add_argument("--aux-layers", default=None, help="comma-separated target layer ids (default SGLang's)")
     g.add_argument("--eval-chains", default="4,5", help="chain lengths of the held-out tau")
     g.add_argument(

@@ -40,7 +40,7 @@ from .loss import target_to_draft, ttt_loss
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CKPT", "shard_order", "prepare_features", "make_head", "init_from_target", "train_head"]
+__all__ = ["CKPT", "batch_rows", "shard_order", "prepare_features", "make_head", "init_from_target", "train_head"]
 
 CKPT = "eagle3_ckpt.pt"
 _INSTRUCTION_SHARD = 3072 // GEN_SHARD_PROMPTS  # first shard of the instruction-category mix
@@ -143,6 +143,26 @@ def hot_vocabulary(
     return torch.sort(counts.topk(n).indices).values
 
 
+def batch_rows(rows: list[int], lengths: list[int], step: int, batch: int, seed: int, groups: int = 1) -> list[int]:
+    """The training rows of optimizer step ``step`` (stateless: a resumed run draws the same batches).
+
+    ``groups`` = 1: ``batch`` rows drawn uniformly without replacement.  ``groups`` = G > 1 (``--length-groups``):
+    ``G * batch`` rows drawn, sorted by window length and cut into G blocks, one block taken at random, so a batch
+    holds windows of similar length (little padding: on the SmolLM2 features batch 8 pads 1.37x the tokens it
+    trains without grouping) while every row stays equally likely in every step.
+
+    >>> batch_rows(list(range(10)), [5, 1, 9, 3, 7, 2, 8, 4, 6, 0], step=0, batch=2, seed=0, groups=4)
+    [8, 4]
+    """
+    g = torch.Generator().manual_seed(seed + step)
+    drawn = [rows[i] for i in torch.randperm(len(rows), generator=g)[: batch * max(1, groups)].tolist()]
+    if groups <= 1:
+        return drawn
+    drawn.sort(key=lambda r: (lengths[r], r))
+    blocks = [drawn[i : i + batch] for i in range(0, len(drawn), batch)]
+    return blocks[int(torch.randint(len(blocks), (1,), generator=g))]
+
+
 def _lr(step: int, args) -> float:
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
@@ -171,6 +191,7 @@ def train_head(args, head: Eagle3Head, store: FeatureStore, out: Path, val_rows:
         log_path.write_text("".join(ln + "\n" for ln in kept))
     held = set(val_rows)
     train_rows = [r for r in range(len(store.windows)) if r not in held]
+    lengths = [w[2] for w in store.windows]
     t2d = target_to_draft(head)
     amp = use_amp(args.amp, torch.device("cpu"))  # the head trains on the CPU
     log = log_path.open("a")
@@ -179,8 +200,7 @@ def train_head(args, head: Eagle3Head, store: FeatureStore, out: Path, val_rows:
     while step < args.steps:
         if args.max_minutes and (time.time() - t_start) / 60 > args.max_minutes:
             break
-        perm = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(args.seed + step))
-        rows = [train_rows[i] for i in perm[: args.batch_size].tolist()]
+        rows = batch_rows(train_rows, lengths, step, args.batch_size, args.seed, args.length_groups)
         for g in opt.param_groups:
             g["lr"] = _lr(step, args)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
