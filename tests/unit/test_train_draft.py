@@ -577,3 +577,42 @@ def test_length_groups_batches():
     add_train_args(parser)
     with pytest.raises(SystemExit):
         parser.parse_args(["--out", "x", "--length-groups", "0"])
+
+
+def test_eagle3_card_command_rebuilds_the_recorded_arguments():
+    """The card's Reproduce command, parsed by the trainer's own parser, gives back every recorded argument that
+    shapes the head or its training (``--amp`` and ``--length-groups`` included when not at their defaults)."""
+    from sage_plugin.train.eagle3.card import model_card
+
+    parser = argparse.ArgumentParser()
+    add_train_args(parser)
+    for extra in ([], ["--amp", "bf16", "--length-groups", "8"], ["--length-groups", "3"]):
+        args = parser.parse_args(["--kind", "eagle3", "--out", "RUN", "--steps", "1850", "--batch-size", "8",
+                                  "--lr", "0.001", "--seq-len", "512", "--text-tokens", "131072",
+                                  "--gen-shards", "48", "--answers-dir", "train-data/answers", *extra])  # fmt: skip
+        train_args = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}
+        record = {"aux_layers": [1, 14, 26], "data": {"shards": 48, "text_shards": 8, "tokens": 1},
+                  "minutes": {"train": 1.0}, "train_args": train_args}  # fmt: skip
+        card = model_card(record)
+        command = card.split("## Reproduce\n```\n")[1].split("```")[0].replace("\\\n", " ").split()
+        assert command[:2] == ["sage", "train-draft"]
+        again = vars(parser.parse_args(command[2:]))
+        for key in (
+            "kind",
+            "steps",
+            "batch_size",
+            "lr",
+            "seq_len",
+            "text_tokens",
+            "gen_shards",
+            "answers_dir",
+            "intermediate",
+            "head_vocab",
+            "ttt_steps",
+            "seed",
+            "amp",
+            "length_groups",
+            "gen_max_new_tokens",
+        ):
+            assert again[key] == train_args[key], key
+        assert ("bf16 autocast" in card) == (args.amp == "bf16")

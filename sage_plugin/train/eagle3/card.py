@@ -40,9 +40,23 @@ def model_card(record: dict) -> str:
     )
     if a.get("answers_dir"):
         served += " They are kept in the repository's `train-data/answers` (`--answers-dir`, docs/training-data.md)."
-    gen_url = (" --gen-url http://HOST:PORT" if a.get("gen_url") else "") + (
-        " \\\n  --answers-dir train-data/answers" if a.get("answers_dir") else ""
+    speed = (f" --amp {a['amp']}" if a.get("amp", "auto") != "auto" else "") + (
+        f" --length-groups {a['length_groups']}" if a.get("length_groups", 1) > 1 else ""
     )
+    gen_url = (
+        speed
+        + (" --gen-url http://HOST:PORT" if a.get("gen_url") else "")
+        + (" \\\n  --answers-dir train-data/answers" if a.get("answers_dir") else "")
+    )
+    how = "".join(
+        f"; {part}"
+        for part, on in (
+            ("bf16 autocast (float32 weights and optimizer)", a.get("amp") == "bf16"),
+            (f"each batch one of {a.get('length_groups')} length-sorted blocks of random windows",
+             a.get("length_groups", 1) > 1),
+        )
+        if on
+    )  # fmt: skip
     return f"""---
 license: apache-2.0
 base_model: HuggingFaceTB/SmolLM2-135M-Instruct
@@ -66,7 +80,7 @@ embedding shared) in the checkpoint format of SGLang's `LlamaForCausalLMEagle3`.
   attends to the target-fed rows and its own chain), soft cross-entropy to the target's distribution on answer
   positions, step weight {a["decay"]}^k.
 - {a["steps"]} steps, batch {a["batch_size"]} sequences (at most {a["seq_len"]} tokens), AdamW lr {a["lr"]} (cosine),
-  seed {a["seed"]}. Training {record["minutes"]["train"]} min on this machine (all invocations).
+  seed {a["seed"]}{how}. Training {record["minutes"]["train"]} min on this machine (all invocations).
 
 ## Measured
 {measured}
