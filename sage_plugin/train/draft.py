@@ -34,7 +34,7 @@ import torch
 
 from sage_plugin.models import ensure_smollm2, load_tokenizer
 
-from .common import progress_bar, resolve_device
+from .common import AMP_MODES, progress_bar, resolve_device
 from .data import HELD_OUT_DATASETS, chat_prompts, python_doc_files, stdlib_files
 from .evaluate import chain_tau, evaluate_draft
 from .export import export_draft
@@ -180,7 +180,7 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument(
         "--amp",
         default="auto",
-        choices=["auto", "bf16", "off"],
+        choices=AMP_MODES,
         help="bf16 autocast for training (weights and optimizer stay float32): auto = on CUDA only; bf16 = on CPU"
         " too (about 1.9x faster per step on a CPU with AMX-BF16); off",
     )

@@ -43,7 +43,7 @@ def model_card(record: dict) -> str:
     speed = (f" --amp {a['amp']}" if a.get("amp", "auto") != "auto" else "") + (
         f" --length-groups {a['length_groups']}" if a.get("length_groups", 1) > 1 else ""
     )
-    gen_url = (
+    flags = (
         speed
         + (" --gen-url http://HOST:PORT" if a.get("gen_url") else "")
         + (" \\\n  --answers-dir train-data/answers" if a.get("answers_dir") else "")
@@ -89,7 +89,7 @@ embedding shared) in the checkpoint format of SGLang's `LlamaForCausalLMEagle3`.
 ```
 sage train-draft --kind eagle3 --out RUN --gen-shards {a["gen_shards"]} --gen-max-new-tokens {a["gen_max_new_tokens"]} \\
   --text-tokens {a["text_tokens"] or 0} --steps {a["steps"]} --batch-size {a["batch_size"]} --lr {a["lr"]} --seq-len {a["seq_len"]} \\
-  --intermediate {a["intermediate"]} --head-vocab {a["head_vocab"]} --ttt-steps {a["ttt_steps"]} --seed {a["seed"]}{gen_url}
+  --intermediate {a["intermediate"]} --head-vocab {a["head_vocab"]} --ttt-steps {a["ttt_steps"]} --seed {a["seed"]}{flags}
 ```
 
 ## Licence
