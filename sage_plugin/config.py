@@ -71,6 +71,7 @@ from typing import Any, Mapping
 import yaml
 
 from .core.policies import POLICIES
+from .core.tiers import ACCEPTANCE_MODELS
 from .core.tree import MC_SIM_7B_63
 
 __all__ = ["ConfigError", "SageConfig", "MC_SIM_7B_63", "from_mapping", "read_sage_yaml"]
@@ -142,8 +143,9 @@ class SageConfig:
     # bounded below from a smaller size less this fraction (1: every tier measured at every batch size)
     tier_bound_slack: float = 0.1
     # how a tier's expected tokens are estimated: pooled (one per-level acceptance model shared by every tier, per
-    # alpha bin) or per_tier (each tier's own moving averages)
-    tier_acceptance: str = "pooled"
+    # alpha bin), width (one such model per verify width: tiers of the same draft tokens share it) or per_tier (each
+    # tier's own moving averages); core/tiers.py
+    tier_acceptance: str = "width"
     # steps the off tier may leave a standalone draft behind on CPU instead of running its draft extend; the draft
     # catches up in one forward before the next drafted step (0: every off step runs the extend; docs/sglang.md,
     # "Speculation off without the draft extend", measures both: no net gain on the 2-core CPU yet)
@@ -228,7 +230,7 @@ class SageConfig:
         _int_in("tier_probe_backoff", self.tier_probe_backoff, 1, 1024)
         _int_in("tier_alpha_bins", self.tier_alpha_bins, 0, 64)
         _float_in("tier_bound_slack", self.tier_bound_slack, 0.0, 1.0)
-        _choice("tier_acceptance", self.tier_acceptance, ("pooled", "per_tier"))
+        _choice("tier_acceptance", self.tier_acceptance, ACCEPTANCE_MODELS)
         _int_in("tier_off_lag", self.tier_off_lag, 0, 1024)
         _bool("tier_off_decode", self.tier_off_decode)
         _bool("cpu_overlap", self.cpu_overlap)

@@ -13,10 +13,16 @@ other candidates (the nodes are verified at no extra cost: the shape is fixed):
    ``n_max`` kept nodes in all (best-first or parent order);
 3. a request in its first round (``static_first``, with ``first_round_static``) keeps instead the candidates whose
    rank path is in ``static_tree`` (the static tree's nodes the beam holds);
-4. selection = the kept nodes, then the others by joint probability (depth breaks ties), first ``n_select``.
+4. selection = the *pool* (``rerank_pool``), then the others, each by joint probability (depth breaks ties), first
+   ``n_select``.  ``beam`` (default): every candidate is pooled, so the ``n_select`` most probable paths of the
+   beam are verified (the reference engine's default rerank of SAGE's beam; in a fixed beam SAGE's W(alpha) cannot
+   save draft forwards, so the whole beam is the pool, and SAGE's plan acts through the tier choice of
+   :mod:`sage_plugin.core.tiers` and the static first round); ``children``: the children of the root and of the kept
+   nodes above the planned depth (Eq. 10-12 choose which nodes grow, to D(alpha)); ``kept``: the kept nodes (the paper's tree), then fill.  A
+   first-round request (3.) pools the static tree's nodes whatever ``rerank_pool`` says.
 
-Both groups are ancestor-closed (a kept node's parent is kept; a child's joint probability never exceeds its
-parent's), so the selection is a tree.  Returned indices are ascending (parents first), as runtimes expect.  The
+Both groups are ancestor-closed (a pooled node's parent is pooled, or the root; a child's joint probability never
+exceeds its parent's), so the selection is a tree.  Returned indices are ascending (parents first), as runtimes expect.  The
 naive oracle is :func:`sage_plugin.core.reference.select_in_beam_ref`.
 
 Candidate layout of EAGLE's beam (:func:`eagle_beam_candidates`), ``t = topk``, per request::
@@ -29,7 +35,9 @@ Worked example (t = 2, steps = 2; the beam at step 1 is both root children)::
 
     candidates 0 (a, p .6)  1 (b, p .3)  |  2 (a->c .6*.9)  3 (a->d .6*.05)  4 (b->e .3*.5)  5 (b->f .3*.4)
     confident (alpha high: D = 2, W = 1, W_2 = round(1 * (0.5 + .6) / 2) = 1): kept {0, 2};
-    n_select = 3 fills with 1 (the best remaining)  ->  [0, 1, 2]
+    rerank_pool kept, n_select = 3: fills with 1 (the best remaining)  ->  [0, 1, 2]
+    rerank_pool beam, n_select = 3: the three best paths .6, .54, .3   ->  [0, 1, 2]
+    rerank_pool beam, n_select = 2: .6, .54                            ->  [0, 2]  (kept 2 alike)
 """
 
 from __future__ import annotations
@@ -75,7 +83,8 @@ class ShapedSelection:
 
     Attributes:
         index: ``[B, n_select]`` int64 candidate indices, ascending.
-        shaped: ``[B]`` int64 number of candidates the SAGE shape kept (the rest of ``index`` is fill).
+        shaped: ``[B]`` int64 number of selected candidates the SAGE shape kept (the static tree's in a first
+            round).
     """
 
     index: torch.Tensor
@@ -120,7 +129,7 @@ def select_shaped(
         n_select: nodes to verify per request (``<= M``).
         cfg: ``parent_prob``, ``threshold_on``, ``prob_space``, ``rounding``, ``clamp_level_width``,
             ``keep_top1``, ``budget_order``, ``theta0`` and ``n_max`` apply as in the online SAGE policy;
-            ``static_tree`` for first-round requests.
+            ``rerank_pool`` (module docstring, 4.); ``static_tree`` for first-round requests.
         static_first: ``[B]`` bool, the request's first round keeps the static tree's nodes (None: no request).
 
     Returns:
@@ -148,16 +157,31 @@ def select_shaped(
         parent_ok = torch.ones_like(kept) if lvl == 1 else has_parent & kept.gather(1, pidx)
         probs = LevelProbs(local, joint_s, par_local, par_js)
         kept |= level_keep(cfg, lvl, at & parent_ok, cands.rank, probs, key, depth, width, kept.sum(1))
+    first = _pool(cfg.rerank_pool, kept, has_parent, pidx, cands.depth[None] <= depth[:, None])
     if static is not None:
         kept = torch.where(static_first[:, None], static, kept)
+        first = torch.where(static_first[:, None], static, first)
 
-    # selection order: kept first, then joint probability (desc), then index (= depth order) so parents come first
+    # selection order: the pool first, then joint probability (desc), then index (= depth order): parents first
     order = torch.sort(joint, dim=1, descending=True, stable=True).indices
     order = order.gather(
-        1, torch.sort(kept.gather(1, order).to(torch.int8), dim=1, descending=True, stable=True).indices
+        1, torch.sort(first.gather(1, order).to(torch.int8), dim=1, descending=True, stable=True).indices
     )
     index = torch.sort(order[:, :n_select], dim=1).values
-    return ShapedSelection(index, kept.sum(1).clamp(max=n_select))
+    return ShapedSelection(index, kept.gather(1, index).sum(1))
+
+
+def _pool(
+    rerank_pool: str, kept: torch.Tensor, has_parent: torch.Tensor, pidx: torch.Tensor, planned: torch.Tensor
+) -> torch.Tensor:
+    """``[B, M]`` bool: the candidates ranked before the others (``rerank_pool``): ``kept`` the SAGE shape's nodes;
+    ``children`` the children of the nodes the shape grows (the root, and kept nodes above the planned depth D:
+    ``planned`` is ``[B, M]`` depth <= D); ``beam`` every candidate (the beam is the pool)."""
+    if rerank_pool == "kept":
+        return kept
+    if rerank_pool == "children":
+        return planned & (~has_parent | (has_parent & kept.gather(1, pidx)))
+    return torch.ones_like(kept)
 
 
 def _static_mask(cands: BeamCandidates, cfg: SageConfig) -> torch.Tensor:

@@ -40,7 +40,13 @@ How the expected tokens are estimated (``acceptance``):
   tier's steps tell how often level 1 is accepted) and a deep tier's rare probes need not carry its whole estimate:
   replaying logged SGLang steps at batch 1 (``docs/sglang.md``, "The shipped tiers") the pooled model came within
   2% of a chooser that knew the acceptance table in advance, the per-tier averages within 7%.  It assumes a level
-  is about as likely accepted whatever tier drafted it (tiers differ in how many siblings they verify).
+  is about as likely accepted whatever tier drafted it (tiers differ in how many siblings they verify), which held
+  while SAGE's shape chose the nodes and fails once the beam's most probable paths are verified (``rerank_pool:
+  beam``): a ``[1, 2]`` tier verifies one node, a ``[4, 8]`` tier seven, and the narrow tier's level-1 rejections
+  priced the wide one at 2.01 tokens a step where it served 2.68 (SGLang, EAGLE-3 head, ``docs/sglang.md``);
+* ``"width"``: the same level model, one per verify width: the tiers with the same ``draft_tokens`` share their
+  level counts (a deeper beam of the same width adds only deep candidates, so its shallow levels pass alike), a
+  group's counts decay by its own steps, and a width not yet run is measured first.
 
 The choice maximises ``expected tokens / cost``.  A tier never measured at a batch size is tried first there (the
 runtime's start-up measurement, amortised over the first steps at each batch size), cheapest first, and only while
@@ -73,7 +79,10 @@ from typing import Iterable, Sequence
 
 from .calibration import calibration_bin
 
-__all__ = ["Tier", "TierChooser", "parse_tiers"]
+__all__ = ["ACCEPTANCE_MODELS", "Tier", "TierChooser", "parse_tiers"]
+
+#: how a tier's expected tokens are estimated (module docstring, "How the expected tokens are estimated")
+ACCEPTANCE_MODELS = ("width", "pooled", "per_tier")
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -109,9 +118,9 @@ class TierChooser:
         bound_slack: a tier is measured at a new batch size only if its rate there, with its step cost bounded below
             (:meth:`cost_bound`, less this fraction), could beat the best rate measured there (1: every tier is
             measured at every batch size).
-        acceptance: ``"per_tier"`` (each tier's moving averages) or ``"pooled"`` (one per-level model for all tiers;
-            module docstring).
-        memory: with ``"pooled"``, the steps over which its counts decay by a factor ``e``.
+        acceptance: ``"per_tier"`` (each tier's moving averages), ``"pooled"`` (one per-level model for all tiers)
+            or ``"width"`` (one per verify width); module docstring.
+        memory: with a level model, the steps (of its group) over which its counts decay by a factor ``e``.
     """
 
     def __init__(
@@ -129,12 +138,13 @@ class TierChooser:
     ) -> None:
         if not tiers:
             raise ValueError("at least one tier")
-        if acceptance not in ("per_tier", "pooled") or memory < 1:
-            raise ValueError("acceptance 'per_tier' or 'pooled', memory >= 1")
+        if acceptance not in ACCEPTANCE_MODELS or memory < 1:
+            raise ValueError(f"acceptance one of {ACCEPTANCE_MODELS}, memory >= 1")
         self.acceptance = acceptance
         self._decay = 1.0 - 1.0 / memory
-        # pooled: (alpha bin or None for all, level j) -> [requests that reached level j, of those accepted there]
-        self._levels: dict[tuple[int | None, int], list[float]] = {}
+        # level models: (group, alpha bin or None for all, level j) -> [requests that reached level j, of those
+        # accepted there]; the group is None (pooled) or the tier's draft tokens (width)
+        self._levels: dict[tuple[int | None, int | None, int], list[float]] = {}
         if probe_backoff < 1:
             raise ValueError("probe_backoff >= 1")
         self.tiers = tuple(sorted(set(tiers)))
@@ -156,6 +166,7 @@ class TierChooser:
         self._pending: deque[tuple[int, Tier, int | None]] = deque(maxlen=8)
         self._overhead: float | None = None
         self.steps_run: dict[Tier, int] = {t: 0 for t in self.tiers}
+        self._steps_at: dict[tuple[Tier, int], int] = {}  # steps run per (tier, batch size)
         # per tier: accepted drafts summed over every request of every credited step, and that request count
         self._lifetime: dict[Tier, list[int]] = {t: [0, 0] for t in self.tiers}
         self._steps = 0
@@ -169,22 +180,28 @@ class TierChooser:
 
     def expected_tokens(self, tier: Tier, alpha: float | None = None) -> float | None:
         """Expected tokens per request per step under ``tier`` when the batch's mean alpha is ``alpha`` (None until
-        observed; per_tier: a bin without a sample falls back to the tier's overall average; pooled: :meth:`_pooled`;
+        observed; per_tier: a bin without a sample falls back to the tier's overall average; pooled and width:
+        :meth:`_pooled`;
         the off tier: 1)."""
         b = self.alpha_bin(alpha)
-        if self.acceptance == "pooled" and not tier.off:
+        if self.acceptance != "per_tier" and not tier.off:
             return self._pooled(tier, b)
         acc = self._accepted.get(tier) if b is None else self._accepted_bin.get((tier, b), self._accepted.get(tier))
         return None if acc is None else 1.0 + acc
 
+    def _group(self, tier: Tier) -> int | None:
+        """The level model ``tier`` shares: None (every tier, ``pooled``) or its verify width (``width``)."""
+        return tier.draft_tokens if self.acceptance == "width" else None
+
     def _pooled(self, tier: Tier, b: int | None) -> float | None:
-        """``1 + sum_{j <= steps} prod_{i <= j} h_i`` from the level counts of bin ``b`` (a level the bin has not
-        reached: all bins'); None before any request reached level 1."""
-        if (None, 1) not in self._levels:
+        """``1 + sum_{j <= steps} prod_{i <= j} h_i`` from the level counts of the tier's group and bin ``b`` (a level
+        the bin has not reached: all bins'); None before any request of the group reached level 1."""
+        g = self._group(tier)
+        if (g, None, 1) not in self._levels:
             return None
         expected = survive = 1.0
         for j in range(1, tier.steps + 1):
-            reached, passed = self._levels.get((b, j)) or self._levels.get((None, j)) or (0.0, 0.0)
+            reached, passed = self._levels.get((g, b, j)) or self._levels.get((g, None, j)) or (0.0, 0.0)
             survive *= (passed + 0.5) / (reached + 1.0)
             expected += survive
         return expected
@@ -229,6 +246,7 @@ class TierChooser:
                     self._probe = (self._steps, tier, batch_size, alpha)
         self._last_used[tier] = self._steps
         self.steps_run[tier] += 1
+        self._steps_at[(tier, batch_size)] = self._steps_at.get((tier, batch_size), 0) + 1
         self._pending.append((self._steps, tier, b))
         return tier
 
@@ -274,7 +292,7 @@ class TierChooser:
             return tier
         self._lifetime[tier][0] += sum(accepted_drafts)
         self._lifetime[tier][1] += len(accepted_drafts)
-        if self.acceptance == "pooled":
+        if self.acceptance != "per_tier":
             self._count_levels(tier, b, accepted_drafts)
             return tier
         mean = sum(accepted_drafts) / len(accepted_drafts)
@@ -284,13 +302,16 @@ class TierChooser:
         return tier
 
     def _count_levels(self, tier: Tier, b: int | None, accepted_drafts: Sequence[int]) -> None:
-        for counts in self._levels.values():
-            counts[0] *= self._decay
-            counts[1] *= self._decay
+        """Count one step's requests into the tier's group, after decaying the group's counts by one step."""
+        g = self._group(tier)
+        for key, counts in self._levels.items():
+            if key[0] == g:
+                counts[0] *= self._decay
+                counts[1] *= self._decay
         for key in {None, b}:
             for a in accepted_drafts:
                 for j in range(1, min(a + 1, tier.steps) + 1):
-                    counts = self._levels.setdefault((key, j), [0.0, 0.0])
+                    counts = self._levels.setdefault((g, key, j), [0.0, 0.0])
                     counts[0] += 1.0
                     counts[1] += float(a >= j)
 
@@ -343,19 +364,22 @@ class TierChooser:
     def summary(self) -> dict[str, dict[str, float | None]]:
         """Per tier: expected tokens per request (the chooser's current estimates: overall, and per alpha bin
         ``tokens@aB``), ``mean_tokens`` (tokens per request averaged over every request the tier ever served, None
-        before any; the off tier: 1.0) and the measured cost (ms) at each batch size seen."""
+        before any; the off tier: 1.0), the measured cost (ms) at each batch size seen and the steps run there."""
         out: dict[str, dict[str, float | None]] = {}
-        pooled = self.acceptance == "pooled"
+        levels = self.acceptance != "per_tier"
         for t in self.tiers:
             row: dict[str, float | None] = {"tokens": self.expected_tokens(t), "steps": self.steps_run[t]}
             total, n = self._lifetime[t]
             row["mean_tokens"] = 1.0 if t.off else (round(1.0 + total / n, 3) if n else None)
             for b in range(self.alpha_bins):
-                if not t.off and ((b, 1) in self._levels if pooled else (t, b) in self._accepted_bin):
+                if not t.off and ((self._group(t), b, 1) in self._levels if levels else (t, b) in self._accepted_bin):
                     row[f"tokens@a{b}"] = round(self.expected_tokens(t, (b + 0.5) / self.alpha_bins), 3)
             for tt, bs in sorted(self._cost, key=lambda k: k[1]):
                 if tt == t:
                     row[f"ms@{bs}"] = round(1000.0 * self.cost(tt, bs), 2)
+            for tt, bs in sorted(self._steps_at, key=lambda k: k[1]):
+                if tt == t:
+                    row[f"steps@{bs}"] = self._steps_at[(tt, bs)]
             out[f"{t.steps}:{t.draft_tokens}"] = row
         out["overhead"] = {"ms": None if self._overhead is None else round(1000.0 * self._overhead, 2)}
         return out

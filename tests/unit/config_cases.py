@@ -26,7 +26,7 @@ OTHER_VALUES: dict[str, list] = {
     "tier_probe_every": [4, 0],
     "tier_probe_backoff": [1, 64],
     "tier_bound_slack": [0.0, 1.0],
-    "tier_acceptance": ["per_tier"],
+    "tier_acceptance": ["pooled", "per_tier"],
     "tier_off_lag": [16, 1, 1024],
     "tier_off_decode": [False],
     "cpu_overlap": [True],
@@ -78,6 +78,7 @@ SELECTION_SWITCHES: dict[str, tuple] = dict(
     clamp_level_width=(True, False),
     keep_top1=(True, False),
     budget_order=("best_first", "parent_order"),
+    rerank_pool=("beam", "children", "kept"),
 )
 
 

@@ -8,7 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sage_plugin.config import SageConfig
-from sage_plugin.core.budgeted import eagle_beam_candidates, select_shaped
+from sage_plugin.core.budgeted import ShapedSelection, eagle_beam_candidates, select_shaped
 from sage_plugin.core.reference import select_in_beam_ref
 from sage_plugin.core.reference.rules import Margin
 
@@ -117,10 +117,35 @@ def test_confident_request_goes_deep_unsure_request_goes_wide():
     scores = torch.cat([lvl1, lvl2, lvl3])[None].repeat(2, 1)
     plist = torch.tensor([[-1, 0, 1, 2, 3, 4, 5]]).repeat(2, 1)
     cands = eagle_beam_candidates(scores, plist, topk)
-    cfg = SageConfig(theta0=0.0)
+    cfg = SageConfig(theta0=0.0, rerank_pool="kept")  # the paper's levels choose the verified nodes
     sel = select_shaped(cands, torch.tensor([3, 1]), torch.tensor([1, 3]), 3, cfg)
     assert sel.index[0].tolist() == [0, 3, 12]  # a, a->a, a->a->a
     assert sel.index[1].tolist() == [0, 1, 2]  # a, b, c
+
+
+def test_beam_pool_verifies_the_most_probable_paths_whatever_the_plan():
+    """``rerank_pool: beam`` (default): the n best paths of the beam (SGLang's own top-N), for any plan; the shape
+    only counts how many of them it kept.  ``children``: the children of what the shape grows come before the others;
+    ``kept``: the shape's nodes first."""
+    topk = 3
+    p = torch.tensor([0.5, 0.3, 0.2])
+    lvl2 = (p[:, None] * p[None]).flatten()  # 3 a->a .25, 4 a->b .15, 5 a->c .1, 6 b->a .15, ...
+    lvl3 = (lvl2[[0, 1, 2], None] * p[None]).flatten()  # beam = a->a, a->b, a->c: 12 a->a->a .125
+    scores = torch.cat([p, lvl2, lvl3])[None].repeat(2, 1)
+    plist = torch.tensor([[-1, 0, 1, 2, 3, 4, 5]]).repeat(2, 1)
+    cands = eagle_beam_candidates(scores, plist, topk)
+    depth, width = torch.tensor([3, 1]), torch.tensor([1, 3])  # a chain plan (kept a, a->a, a->a->a); a wide one
+
+    def select(n: int, pool: str) -> ShapedSelection:
+        return select_shaped(cands, depth, width, n, SageConfig(theta0=0.0, rerank_pool=pool))
+
+    beam = select(4, "beam")
+    assert beam.index.tolist() == [[0, 1, 2, 3]] * 2  # a .5, b .3, c .2, a->a .25
+    assert beam.shaped.tolist() == [2, 3]  # the chain plan kept a, a->a of them; the wide one a, b, c
+    assert select(6, "beam").index.tolist() == [[0, 1, 2, 3, 4, 6]] * 2  # then a->b, b->a (.15 each)
+    # the chain plan grows a and a->a only: b->a is no candidate, a->a->a (.125) is
+    assert select(6, "children").index[0].tolist() == [0, 1, 2, 3, 4, 12]
+    assert select(4, "kept").index[0].tolist() == [0, 1, 3, 12]  # a, a->a, a->a->a, then b
 
 
 def test_first_round_keeps_the_static_tree_the_beam_holds():
@@ -130,7 +155,9 @@ def test_first_round_keeps_the_static_tree_the_beam_holds():
     plist = torch.tensor([[-1, 0, 1]])
     cands = eagle_beam_candidates(scores, plist, topk)
     cfg = SageConfig(static_tree=((0,), (1,), (0, 1), (1, 1)), k=2, w_min=1, w_max=2)
-    sel = select_shaped(cands, torch.tensor([1]), torch.tensor([1]), 4, cfg, torch.tensor([True]))
-    assert sel.index.tolist() == [[0, 1, 3, 5]] and sel.shaped.tolist() == [4]  # a, b, a->rank 1, b->rank 1
-    plain = select_shaped(cands, torch.tensor([1]), torch.tensor([1]), 4, cfg, torch.tensor([False]))
-    assert plain.index.tolist() == [[0, 1, 2, 4]]  # the plan (D = 1, W = 1) keeps a; fill by path probability
+    for pool in ("beam", "children", "kept"):
+        cfg = cfg.replace(rerank_pool=pool)
+        sel = select_shaped(cands, torch.tensor([1]), torch.tensor([1]), 4, cfg, torch.tensor([True]))
+        assert sel.index.tolist() == [[0, 1, 3, 5]] and sel.shaped.tolist() == [4]  # a, b, a->rank 1, b->rank 1
+        plain = select_shaped(cands, torch.tensor([1]), torch.tensor([1]), 4, cfg, torch.tensor([False]))
+        assert plain.index.tolist() == [[0, 1, 2, 4]]  # the plan (D = 1, W = 1) keeps a; the rest by path value

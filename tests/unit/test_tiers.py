@@ -293,8 +293,13 @@ def test_summary_reports_steps_tokens_and_costs():
     chooser = TierChooser([OFF, BIG], probe_every=0)
     _run(chooser, SimDevice({OFF: (0.05, 0.0), BIG: (0.1, 0.0)}, {BIG: 1}), bs=1, steps=4)
     summary = chooser.summary()
-    assert summary["4:8"] == {"tokens": 2.0, "steps": 4 - summary["0:1"]["steps"], "mean_tokens": 2.0, "ms@1": 100.0}
+    big = 4 - summary["0:1"]["steps"]
+    assert summary["4:8"] == {"tokens": 2.0, "steps": big, "mean_tokens": 2.0, "ms@1": 100.0, "steps@1": big}
     assert summary["0:1"]["tokens"] == 1.0 and summary["0:1"]["mean_tokens"] == 1.0
+    _run(chooser, SimDevice({OFF: (0.05, 0.0), BIG: (0.1, 0.0)}, {BIG: 1}), bs=3, steps=5)
+    summary = chooser.summary()
+    assert sum(summary[t].get("steps@3", 0) for t in ("0:1", "4:8")) == 5
+    assert summary["4:8"]["steps"] == summary["4:8"]["steps@1"] + summary["4:8"].get("steps@3", 0)
 
 
 def test_mean_tokens_is_the_lifetime_mean_per_request_not_the_estimate():

@@ -1,5 +1,6 @@
-"""The pooled acceptance model of the tier chooser (``acceptance="pooled"``, core/tiers.py): against a naive recount,
-its decay, what a shallow tier's steps tell a deep tier, and the choice it drives on a simulated device."""
+"""The level acceptance models of the tier chooser (``acceptance="pooled"`` and ``"width"``, core/tiers.py): against a
+naive recount, their decay, what a shallow tier's steps tell a deep tier (pooled: always; width: at the same verify
+width only), and the choice they drive on a simulated device."""
 
 from __future__ import annotations
 
@@ -14,11 +15,17 @@ from sage_plugin.core.tiers import Tier, TierChooser
 
 OFF, ONE, THREE = Tier(0, 1), Tier(1, 2), Tier(3, 4)
 TIERS = (OFF, ONE, THREE)
+TWO_WIDE, FOUR_WIDE = Tier(2, 4), Tier(4, 8)  # TWO_WIDE verifies as many tokens as THREE
 
 
-def _naive(history: list[tuple[Tier, int | None, list[int]]], tier: Tier, b: int | None) -> float | None:
+def _naive(
+    history: list[tuple[Tier, int | None, list[int]]], tier: Tier, b: int | None, acceptance: str = "pooled"
+) -> float | None:
     """Recount from the raw observations: per level j, the requests of bin b (all bins when b has none there) that
-    reached it (a tier >= j deep, a >= j - 1 accepted) and passed it (a >= j)."""
+    reached it (a tier >= j deep, a >= j - 1 accepted) and passed it (a >= j); ``width``: of the steps at tiers of
+    ``tier``'s verify width only."""
+    if acceptance == "width":
+        history = [h for h in history if h[0].draft_tokens == tier.draft_tokens]
     if not any(a >= 0 and t.steps >= 1 for t, _, acc in history for a in acc):
         return None
     expected = survive = 1.0
@@ -37,10 +44,11 @@ def _naive(history: list[tuple[Tier, int | None, list[int]]], tier: Tier, b: int
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 100_000), bins=st.sampled_from([0, 2, 4]))
-def test_pooled_estimate_equals_a_naive_recount(seed, bins):
+@given(seed=st.integers(0, 100_000), bins=st.sampled_from([0, 2, 4]), acceptance=st.sampled_from(["pooled", "width"]))
+def test_level_estimates_equal_a_naive_recount(seed, bins, acceptance):
     rng = random.Random(seed)
-    chooser = TierChooser(TIERS, probe_every=0, alpha_bins=bins, acceptance="pooled", memory=10**12)
+    tiers = (*TIERS, TWO_WIDE, FOUR_WIDE)
+    chooser = TierChooser(tiers, probe_every=0, alpha_bins=bins, acceptance=acceptance, memory=10**12)
     history = []
     for _ in range(rng.randint(1, 30)):
         alpha = rng.random()
@@ -49,9 +57,9 @@ def test_pooled_estimate_equals_a_naive_recount(seed, bins):
         chooser.observe(accepted)
         if not tier.off:
             history.append((tier, chooser.alpha_bin(alpha), accepted))
-    for tier in (ONE, THREE):
+    for tier in tiers[1:]:
         for alpha in (None, 0.1, 0.6, 0.95):
-            want = _naive(history, tier, chooser.alpha_bin(alpha))
+            want = _naive(history, tier, chooser.alpha_bin(alpha), acceptance)
             got = chooser.expected_tokens(tier, alpha)
             assert (got is None) == (want is None)
             if want is not None:
@@ -69,6 +77,27 @@ def test_a_shallow_tiers_steps_inform_the_deep_tier():
         chooser.observe([1])
     assert chooser.expected_tokens(THREE) > low + 0.5
     assert chooser.expected_tokens(ONE) == pytest.approx(1.0 + 40.5 / 42.0, rel=1e-3)
+
+
+def test_width_models_share_within_a_verify_width_only():
+    """A narrow tier's rejections do not price a wide tier (the beam's most probable paths: one node against seven),
+    a deeper beam of the same width reads the shallower one's levels, and a group decays by its own steps."""
+    chooser = TierChooser((OFF, ONE, TWO_WIDE, THREE, FOUR_WIDE), probe_every=0, acceptance="width", memory=10)
+    for tier, accepted in [(FOUR_WIDE, [3]), (THREE, [2]), (TWO_WIDE, [2]), (ONE, [0])]:
+        chooser._pending.append((0, tier, None))
+        chooser.observe(accepted)
+    wide = chooser.expected_tokens(FOUR_WIDE)
+    for _ in range(40):  # only the one-node tier runs, and its draft is always rejected
+        chooser._pending.append((0, ONE, None))
+        chooser.observe([0])
+    assert chooser.expected_tokens(FOUR_WIDE) == wide  # neither informed nor decayed by the narrow tier's steps
+    assert chooser.expected_tokens(ONE) < 1.1
+    # THREE and TWO_WIDE share width 4: two requests reached levels 1-2 and passed both (THREE's decayed by 0.9 when
+    # TWO_WIDE's came), THREE's also reached level 3 and stopped there
+    h1 = h2 = (1.9 + 0.5) / (1.9 + 1.0)
+    h3 = 0.5 / (0.9 + 1.0)
+    assert chooser.expected_tokens(TWO_WIDE) == pytest.approx(1.0 + h1 + h1 * h2, rel=1e-9)
+    assert chooser.expected_tokens(THREE) == pytest.approx(1.0 + h1 + h1 * h2 + h1 * h2 * h3, rel=1e-9)
 
 
 def test_counts_decay_so_the_estimate_follows_the_traffic():
@@ -107,18 +136,19 @@ def _right_steps(p: float, best: Tier, acceptance: str) -> int:
     return right
 
 
+@pytest.mark.parametrize("acceptance", ["pooled", "width"])
 @pytest.mark.parametrize("p, best", [(0.85, THREE), (0.25, ONE)])
-def test_pooled_chooser_runs_the_best_tier_on_a_simulated_device(p, best):
+def test_level_models_run_the_best_tier_on_a_simulated_device(p, best, acceptance):
     """p .85: three 2.91 / 1.4 beats one 1.85 / 1.05; p .25: one 1.25 / 1.05 beats off 1.0 and three 1.33 / 1.4, a
     narrow margin that the per-tier averages, fed by probes alone once off runs, mostly miss (measured: 4 of 5
-    streams at the off tier; pooled: 1 of 5, the stream whose first 20 draws are all rejections)."""
-    pooled = _right_steps(p, best, "pooled")
-    assert pooled >= 0.75 * 5 * 300
+    streams at the off tier; pooled and width: 1 of 5, the stream whose first 20 draws are all rejections)."""
+    right = _right_steps(p, best, acceptance)
+    assert right >= 0.75 * 5 * 300
     if best == ONE:
-        assert pooled > _right_steps(p, best, "per_tier") + 300
+        assert right > _right_steps(p, best, "per_tier") + 300
 
 
-def test_the_config_default_is_pooled():
-    assert SageConfig().tier_acceptance == "pooled"
+def test_the_config_default_is_width():
+    assert SageConfig().tier_acceptance == "width"
     with pytest.raises(ValueError):
         TierChooser(TIERS, acceptance="pool")

@@ -146,7 +146,7 @@ def test_install_checks_the_contract_and_the_tier(worker_cls):
         install_dynamic_tree_policy(CFG, Drifted)
 
 
-def _reference(worker, ref: SlotState, bs: int, ctx: int, accept: torch.Tensor, total: int) -> torch.Tensor:
+def _reference(worker, ref: SlotState, bs: int, ctx: int, accept: torch.Tensor, total: int, cfg=CFG) -> torch.Tensor:
     """What SAGE should choose: the core's SlotState and select_shaped on the worker's history (ctx rows: top-M)."""
     slots = worker.spec_tree_manager.slot_storage.all_ids_buf[:bs]
     if ctx < bs:
@@ -157,16 +157,18 @@ def _reference(worker, ref: SlotState, bs: int, ctx: int, accept: torch.Tensor, 
     cands = eagle_beam_candidates(
         worker.history_score_buffer[:bs], worker.history_draft_tokens_parent_buffer[:bs], worker.K
     )
-    index = select_shaped(cands, shape.depth, shape.width, total, CFG).index
+    index = select_shaped(cands, shape.depth, shape.width, total, cfg).index
     top = torch.sort(torch.topk(worker.history_score_buffer[:bs], total).indices).values
     return torch.cat([top[:ctx], index[ctx:]])
 
 
-def test_selected_nodes_are_select_shaped_and_shapes_are_fixed(worker_cls):
-    install_dynamic_tree_policy(CFG, worker_cls)
+@pytest.mark.parametrize("pool", ["beam", "children", "kept"])
+def test_selected_nodes_are_select_shaped_and_shapes_are_fixed(worker_cls, pool):
+    cfg = CFG.replace(rerank_pool=pool)
+    install_dynamic_tree_policy(cfg, worker_cls)
     k, depth, total, bs = 4, 3, 6, 5
     worker, plain = worker_cls(k, depth, total, 8, 6), FakeDynamicTreeWorker(k, depth, total, 8, 6)
-    ref = SlotState(CFG, 7)
+    ref = SlotState(cfg, 7)
     gen = torch.Generator().manual_seed(0)
     differs = 0
     for step, (ctx, slots) in enumerate([(2, [0, 3, 1, 2, 6]), (0, [0, 3, 1, 2, 6]), (1, [4, 3, 1, 2, 6])]):
@@ -176,14 +178,17 @@ def test_selected_nodes_are_select_shaped_and_shapes_are_fixed(worker_cls):
         seed = int(torch.randint(0, 1 << 30, (1,), generator=gen))
         tokens, index = draft_loop(worker, bs, ctx, torch.Generator().manual_seed(seed))
         plain_tokens, plain_index = draft_loop(plain, bs, ctx, torch.Generator().manual_seed(seed))
-        assert torch.equal(index, _reference(worker, ref, bs, ctx, accept, total)), step
+        assert torch.equal(index, _reference(worker, ref, bs, ctx, accept, total, cfg)), step
         assert torch.equal(tokens, worker.history_draft_tokens_buffer[:bs].gather(1, index))
         assert tokens.shape == plain_tokens.shape == (bs, total) and tokens.dtype == plain_tokens.dtype
         assert index.shape == plain_index.shape and index.dtype == plain_index.dtype
         assert torch.equal(index[:ctx], plain_index[:ctx])  # context rows keep the worker's own choice
         differs += int(not torch.equal(index, plain_index))
         assert torch.equal(ref.history.window, worker._sage_policy.slots.history.window)
-    assert differs, "SAGE's choice should differ from the plain top-M somewhere"
+    if pool == "beam":  # the beam pooled: the most probable paths, the worker's own top-M
+        assert not differs
+    else:
+        assert differs, "SAGE's choice should differ from the plain top-M somewhere"
 
 
 def test_before_the_tree_manager_exists_the_worker_runs_unchanged(worker_cls):

@@ -27,8 +27,10 @@ def select_in_beam_ref(
     rank ``rank[c]`` among its siblings and level ``depth[c]``.  A candidate's own probability is
     ``joint[c] / joint[parent]``; its top-k one is renormalised over the siblings the beam holds.  Level by level the
     SAGE rule (:func:`~.rules.sage_level_ref`) keeps candidates whose parent was kept; a first-round request keeps
-    the static tree's rank paths instead (:func:`~.rules.static_level_ref`).  The kept nodes come first, then the
-    others by path probability (ties: lower index), and the first ``n_select`` are selected.
+    the static tree's rank paths instead (:func:`~.rules.static_level_ref`).  The pool comes first, then the
+    others, each by path probability (ties: lower index), and the first ``n_select`` are selected; the pool is the
+    kept nodes (``rerank_pool`` kept, or a first round), the children of the root and of the kept nodes above the planned depth (``children``) or
+    every candidate (``beam``).  The count returned is of the selected nodes that were kept.
 
     ``margin`` (optional) records the closest call float rounding could flip (a threshold met exactly, as
     ``theta0 * l / D`` = 0.3 / 3 against a top-k probability of 0.1); callers skip such cases.
@@ -71,5 +73,12 @@ def select_in_beam_ref(
         for lvl in range(1, max(depth) + 1):
             level = [cand(c) for c in range(m) if depth[c] == lvl and (parent[c] < 0 or parent[c] in kept)]
             kept += [c.position for c in sage_level_ref(cfg, lvl, level, d_plan, w_plan, len(kept), m_)]
-    order = sorted(range(m), key=lambda c: (c not in kept, -joint[c], c))
-    return sorted(order[:n_select]), min(len(kept), n_select)
+    if static_first or cfg.rerank_pool == "kept":
+        pool = set(kept)
+    elif cfg.rerank_pool == "children":
+        pool = {c for c in range(m) if depth[c] <= d_plan and (parent[c] < 0 or parent[c] in kept)}
+    else:  # beam: every candidate
+        pool = set(range(m))
+    order = sorted(range(m), key=lambda c: (c not in pool, -joint[c], c))
+    chosen = sorted(order[:n_select])
+    return chosen, sum(c in kept for c in chosen)

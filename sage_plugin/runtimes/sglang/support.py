@@ -51,6 +51,10 @@ SGLANG_SUPPORT = RuntimeSupport(
         "prob_space": Honoured(note="topk renormalises over the siblings the beam holds"),
         "budget_order": _ALL,
         "keep_top1": _ALL,
+        "rerank_pool": Honoured(
+            note="which beam candidates come before the rest: beam (default) the most probable paths, children "
+            "the children of what SAGE's shape grows, kept the shape's nodes (the paper's tree), then fill"
+        ),
         "topology": Honoured({"online"}, "planned needs the previous round's draft distributions per rank path"),
         "static_tree": _ALL,
         "tiers": Honoured(
@@ -78,7 +82,6 @@ SGLANG_SUPPORT = RuntimeSupport(
         "cost_refresh": "with node_budget auto only (the tiers' step clock times every step in the loop)",
         "calibration": "SGLang's beam ranks candidates by its own draft scores",
         "rerank_nodes": "SGLang fills --speculative-num-draft-tokens with the best candidates after SAGE's shape",
-        "rerank_pool": "SGLang's beam holds the candidates; SAGE's pool options are the reference engine's",
         "eagle_depth": "baseline policies only",
         "eagle_total_tokens": "baseline policies only",
         "chain_depth": "baseline policies only",

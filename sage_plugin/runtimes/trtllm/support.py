@@ -121,6 +121,10 @@ TRTLLM_TREE_SUPPORT = RuntimeSupport(
         "prob_space": Honoured(note="topk renormalises over the siblings the beam holds"),
         "budget_order": _ALL,
         "keep_top1": _ALL,
+        "rerank_pool": Honoured(
+            note="which beam candidates come before the rest: beam (default) the most probable paths, children "
+            "the children of what SAGE's shape grows, kept the shape's nodes (the paper's tree), then fill"
+        ),
         "topology": Honoured({"online"}, "planned needs the previous round's draft distributions per rank path"),
     },
     not_read={
@@ -129,7 +133,6 @@ TRTLLM_TREE_SUPPORT = RuntimeSupport(
         "cost_refresh": _NO_COST,
         "calibration": "the worker ranks candidates by its own draft scores",
         "rerank_nodes": "the worker resamples max_total_draft_tokens nodes by its own scores",
-        "rerank_pool": "the worker resamples max_total_draft_tokens nodes by its own scores",
         **_TIERS,
         **_BASELINES,
     },
