@@ -18,12 +18,12 @@ other candidates (the nodes are verified at no extra cost: the shape is fixed):
    beam are verified (the reference engine's default rerank of SAGE's beam; in a fixed beam SAGE's W(alpha) cannot
    save draft forwards, so the whole beam is the pool, and SAGE's plan acts through the tier choice of
    :mod:`sage_plugin.core.tiers` and the static first round); ``children``: the children of the root and of the kept
-   nodes above the planned depth (Eq. 10-12 choose which nodes grow, to D(alpha)); ``kept``: the kept nodes (the paper's tree), then fill.  A
-   first-round request (3.) pools the static tree's nodes whatever ``rerank_pool`` says.
+   nodes above the planned depth (Eq. 10-12 choose which nodes grow, to D(alpha)); ``kept``: the kept nodes (the
+   paper's tree), then fill.  A first-round request (3.) pools the static tree's nodes whatever ``rerank_pool`` says.
 
 Both groups are ancestor-closed (a pooled node's parent is pooled, or the root; a child's joint probability never
-exceeds its parent's), so the selection is a tree.  Returned indices are ascending (parents first), as runtimes expect.  The
-naive oracle is :func:`sage_plugin.core.reference.select_in_beam_ref`.
+exceeds its parent's), so the selection is a tree.  Returned indices are ascending (parents first), as runtimes
+expect.  The naive oracle is :func:`sage_plugin.core.reference.select_in_beam_ref`.
 
 Candidate layout of EAGLE's beam (:func:`eagle_beam_candidates`), ``t = topk``, per request::
 

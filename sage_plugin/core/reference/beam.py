@@ -29,8 +29,9 @@ def select_in_beam_ref(
     SAGE rule (:func:`~.rules.sage_level_ref`) keeps candidates whose parent was kept; a first-round request keeps
     the static tree's rank paths instead (:func:`~.rules.static_level_ref`).  The pool comes first, then the
     others, each by path probability (ties: lower index), and the first ``n_select`` are selected; the pool is the
-    kept nodes (``rerank_pool`` kept, or a first round), the children of the root and of the kept nodes above the planned depth (``children``) or
-    every candidate (``beam``).  The count returned is of the selected nodes that were kept.
+    kept nodes (``rerank_pool`` kept, or a first round), the children of the root and of the kept nodes above the
+    planned depth (``children``) or every candidate (``beam``).  The count returned is of the selected nodes that
+    were kept.
 
     ``margin`` (optional) records the closest call float rounding could flip (a threshold met exactly, as
     ``theta0 * l / D`` = 0.3 / 3 against a top-k probability of 0.1); callers skip such cases.
