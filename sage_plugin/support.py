@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from .config import ConfigError, SageConfig
 
-__all__ = ["Honoured", "RuntimeSupport", "support_matrix"]
+__all__ = ["FIXED_BEAM_SELECTION", "Honoured", "RuntimeSupport", "support_matrix"]
 
 _DEFAULTS = SageConfig()
 
@@ -46,6 +46,17 @@ class Honoured:
 
     values: frozenset | set | None = None
     note: str = ""
+
+
+#: how a runtime that runs :func:`~sage_plugin.core.budgeted.select_shaped` inside its own fixed draft beam (SGLang's
+#: EAGLE v2 worker, TensorRT-LLM's dynamic tree) applies the selection's beam-dependent fields
+FIXED_BEAM_SELECTION: Mapping[str, Honoured] = {
+    "prob_space": Honoured(note="topk renormalises over the siblings the beam holds"),
+    "rerank_pool": Honoured(
+        note="which beam candidates come before the rest: beam (default) the most probable paths, children "
+        "the children of what SAGE's shape grows, kept the shape's nodes (the paper's tree), then fill"
+    ),
+}
 
 
 @dataclass(frozen=True)

@@ -180,7 +180,7 @@ def _pool(
     if rerank_pool == "kept":
         return kept
     if rerank_pool == "children":
-        return planned & (~has_parent | (has_parent & kept.gather(1, pidx)))
+        return planned & (~has_parent | kept.gather(1, pidx))
     return torch.ones_like(kept)
 
 

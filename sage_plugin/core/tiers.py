@@ -165,7 +165,6 @@ class TierChooser:
         # (step, tier, alpha bin) per step awaiting feedback; a step whose feedback never comes cannot pile up
         self._pending: deque[tuple[int, Tier, int | None]] = deque(maxlen=8)
         self._overhead: float | None = None
-        self.steps_run: dict[Tier, int] = {t: 0 for t in self.tiers}
         self._steps_at: dict[tuple[Tier, int], int] = {}  # steps run per (tier, batch size)
         # per tier: accepted drafts summed over every request of every credited step, and that request count
         self._lifetime: dict[Tier, list[int]] = {t: [0, 0] for t in self.tiers}
@@ -181,8 +180,7 @@ class TierChooser:
     def expected_tokens(self, tier: Tier, alpha: float | None = None) -> float | None:
         """Expected tokens per request per step under ``tier`` when the batch's mean alpha is ``alpha`` (None until
         observed; per_tier: a bin without a sample falls back to the tier's overall average; pooled and width:
-        :meth:`_pooled`;
-        the off tier: 1)."""
+        :meth:`_pooled`; the off tier: 1)."""
         b = self.alpha_bin(alpha)
         if self.acceptance != "per_tier" and not tier.off:
             return self._pooled(tier, b)
@@ -245,7 +243,6 @@ class TierChooser:
                     tier = min(due, key=lambda t: (self._last_used[t], t))
                     self._probe = (self._steps, tier, batch_size, alpha)
         self._last_used[tier] = self._steps
-        self.steps_run[tier] += 1
         self._steps_at[(tier, batch_size)] = self._steps_at.get((tier, batch_size), 0) + 1
         self._pending.append((self._steps, tier, b))
         return tier
@@ -368,7 +365,8 @@ class TierChooser:
         out: dict[str, dict[str, float | None]] = {}
         levels = self.acceptance != "per_tier"
         for t in self.tiers:
-            row: dict[str, float | None] = {"tokens": self.expected_tokens(t), "steps": self.steps_run[t]}
+            steps_at = {bs: n for (tt, bs), n in sorted(self._steps_at.items(), key=lambda kv: kv[0][1]) if tt == t}
+            row: dict[str, float | None] = {"tokens": self.expected_tokens(t), "steps": sum(steps_at.values())}
             total, n = self._lifetime[t]
             row["mean_tokens"] = 1.0 if t.off else (round(1.0 + total / n, 3) if n else None)
             for b in range(self.alpha_bins):
@@ -377,9 +375,7 @@ class TierChooser:
             for tt, bs in sorted(self._cost, key=lambda k: k[1]):
                 if tt == t:
                     row[f"ms@{bs}"] = round(1000.0 * self.cost(tt, bs), 2)
-            for tt, bs in sorted(self._steps_at, key=lambda k: k[1]):
-                if tt == t:
-                    row[f"steps@{bs}"] = self._steps_at[(tt, bs)]
+            row.update({f"steps@{bs}": n for bs, n in steps_at.items()})
             out[f"{t.steps}:{t.draft_tokens}"] = row
         out["overhead"] = {"ms": None if self._overhead is None else round(1000.0 * self._overhead, 2)}
         return out

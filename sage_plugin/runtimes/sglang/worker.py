@@ -12,8 +12,9 @@ backends, tree build and verify, and decides only what SAGE decides (nothing is 
 * before drafting, :class:`SageDraftWorker` plans every request's round from its root distribution (the beam's
   first top-k probabilities) and its slot's history: alpha -> (D, W) (:class:`sage_plugin.core.slots.SlotState`);
 * the verified nodes are chosen by :func:`sage_plugin.core.budgeted.select_shaped` (``rerank_pool``: the beam's
-  most probable paths by default, or SAGE's shape first), through the ``organize_draft_results`` hook (``hooks.py``, ``patches/INDEX.md`` #3),
-  which dispatches to the active :class:`BeamSelection` and otherwise leaves SGLang's selection alone;
+  most probable paths by default, or SAGE's shape first), through the ``organize_draft_results`` hook
+  (``hooks.py``, ``patches/INDEX.md`` #3), which dispatches to the active :class:`BeamSelection` and otherwise
+  leaves SGLang's selection alone;
 * after verification :class:`SageWorkerV2` feeds each request's accept length to its slot's history controller;
   a prefill resets the slot.
 

@@ -18,9 +18,9 @@ At the end, ``resampling_final_draft_tokens`` keeps the top ``M = max_total_draf
   per slot from the root's top-K probabilities (:class:`sage_plugin.core.slots.SlotState`, slots =
   ``spec_tree_manager.slot_storage.all_ids_buf``, i.e. ``py_seq_slot``);
 * ``resampling_final_draft_tokens`` (replaced): :func:`~sage_plugin.core.budgeted.select_shaped` picks the ``M``
-  nodes (``rerank_pool``: the most probable paths by default, or SAGE's shape first); their scores are raised by 2 (scores are
-  probabilities, so every chosen node now outranks every other) and the worker's own ``_resample_final_tokens``
-  runs on them, so its top-M is SAGE's choice, in its own output format;
+  nodes (``rerank_pool``: the most probable paths by default, or SAGE's shape first); their scores are raised by 2
+  (scores are probabilities, so every chosen node now outranks every other) and the worker's own
+  ``_resample_final_tokens`` runs on them, so its top-M is SAGE's choice, in its own output format;
 * ``sample`` is left alone.
 
 Context rows (whose first draft TensorRT-LLM verifies as a chain) keep the worker's own choice.  Shapes stay fixed

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from ...support import Honoured, RuntimeSupport
+from ...support import FIXED_BEAM_SELECTION, Honoured, RuntimeSupport
 
 __all__ = ["TRTLLM_SUPPORT", "TRTLLM_TREE_SUPPORT"]
 
@@ -118,13 +118,9 @@ TRTLLM_TREE_SUPPORT = RuntimeSupport(
         "clamp_level_width": _ALL,
         "parent_prob": _ALL,
         "threshold_on": _ALL,
-        "prob_space": Honoured(note="topk renormalises over the siblings the beam holds"),
+        **FIXED_BEAM_SELECTION,
         "budget_order": _ALL,
         "keep_top1": _ALL,
-        "rerank_pool": Honoured(
-            note="which beam candidates come before the rest: beam (default) the most probable paths, children "
-            "the children of what SAGE's shape grows, kept the shape's nodes (the paper's tree), then fill"
-        ),
         "topology": Honoured({"online"}, "planned needs the previous round's draft distributions per rank path"),
     },
     not_read={

@@ -30,6 +30,7 @@ def _select(cfg: SageConfig, beam, bsz: int, draft_tokens: int):
 
 @pytest.mark.parametrize("steps, draft_tokens", [(1, 2), (1, TOPK + 1), (3, 4), (4, 8), (6, 11), (3, 1 + TOPK * 3)])
 def test_beam_pool_is_sglangs_own_top_n(steps, draft_tokens):
+    assert SMALL.rerank_pool == "beam"
     gen = torch.Generator().manual_seed(steps * 100 + draft_tokens)
     differs = {"kept": 0, "children": 0}
     for _ in range(20):
@@ -37,7 +38,6 @@ def test_beam_pool_is_sglangs_own_top_n(steps, draft_tokens):
         beam = sglang_beam(bsz, steps, gen=gen)
         want = organize_draft_results(beam.score_list, beam.token_list, beam.parents_list, draft_tokens)
         got = _select(SMALL, beam, bsz, draft_tokens)
-        assert SMALL.rerank_pool == "beam"
         for g, w in zip(got, want):
             assert g.dtype == w.dtype and torch.equal(g, w)
         for pool in differs:
