@@ -62,6 +62,7 @@ class Captured:
         self.num_draft = gs.n_select(cfg, steps) + 1
         self.state = SlotState(cfg, self.num_slots, DEV)
         self.sel = gs.new_selection(cfg, DEV, max_bs)
+        self.counters = gs.new_counters(DEV, max_bs)
         slots, beam, accept = to_dev(gs.random_round(gen, bsz, steps, torch.arange(self.num_slots)))
         self.slots, self.accept = slots.clone(), accept.clone()
         self.beam = gs.Beam.of([t.clone() for t in beam.tensors()], steps)
@@ -71,7 +72,7 @@ class Captured:
         with torch.cuda.stream(side):  # warm-up (lazy inits, allocator) as SGLang does before capture
             for _ in range(3):
                 self.state.reset(self.reset_slots)
-                gs.decode_step(self.state, self.sel, self.slots, self.beam, self.accept, self.num_draft)
+                gs.decode_step(self.state, self.sel, self.counters, self.slots, self.beam, self.accept, self.num_draft)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         self.pool = torch.cuda.graph_pool_handle()
@@ -79,11 +80,14 @@ class Captured:
         with torch.cuda.graph(self.reset_graph, pool=self.pool):
             self.state.reset(self.reset_slots)
         with torch.cuda.graph(self.step_graph, pool=self.pool):
-            self.out = gs.decode_step(self.state, self.sel, self.slots, self.beam, self.accept, self.num_draft)
+            self.out = gs.decode_step(
+                self.state, self.sel, self.counters, self.slots, self.beam, self.accept, self.num_draft
+            )
         torch.cuda.synchronize()
         # the eager twin starts from the same state (capture runs no kernel, so the state is the warm-up's)
         self.twin = gs.bind(self.state, [t.clone() for t in gs.state_tensors(self.state)])
         self.twin_sel = gs.bind_selection(self.sel, [t.clone() for t in gs.selection_buffers(self.sel)])
+        self.twin_counters = gs.bind_counters([t.clone() for t in gs.counter_buffers(self.counters)])
 
     def load(self, slots, beam, accept) -> None:
         self.slots.copy_(slots)
@@ -104,18 +108,19 @@ class Captured:
             try:
                 if r % 3 == 0:
                     self.twin.reset(slots[:1])
-                want = gs.decode_step(self.twin, self.twin_sel, slots, beam, accept, self.num_draft)
+                want = gs.decode_step(self.twin, self.twin_sel, self.twin_counters, slots, beam, accept, self.num_draft)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
-        names = ("alpha", "depth", "width", "first_round", "parent_list", "index", "draft_tokens")
-        for name, g, w in zip(names, self.out, want):
+        for name, g, w in zip(gs.STEP_OUTPUTS, self.out, want):
             if not torch.equal(g, w):
                 return f"round {r}: output {name} differs"
         for i, (g, w) in enumerate(
             zip(
-                gs.state_tensors(self.state) + gs.selection_buffers(self.sel),
-                gs.state_tensors(self.twin) + gs.selection_buffers(self.twin_sel),
+                gs.state_tensors(self.state) + gs.selection_buffers(self.sel) + gs.counter_buffers(self.counters),
+                gs.state_tensors(self.twin)
+                + gs.selection_buffers(self.twin_sel)
+                + gs.counter_buffers(self.twin_counters),
             )
         ):
             if not torch.equal(g, w):
@@ -163,7 +168,7 @@ def timing(batch_sizes, steps: int, iters: int) -> list[dict]:
     for bsz in batch_sizes:
         cap = Captured(gs.DEFAULTS, bsz, steps, max_bs, gen)
         eager = functools.partial(
-            gs.decode_step, cap.twin, cap.twin_sel, cap.slots, cap.beam, cap.accept, cap.num_draft
+            gs.decode_step, cap.twin, cap.twin_sel, cap.twin_counters, cap.slots, cap.beam, cap.accept, cap.num_draft
         )
         twin, sel, slots, beam, accept = cap.twin, cap.twin_sel, cap.slots, cap.beam, cap.accept
 

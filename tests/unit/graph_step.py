@@ -16,7 +16,7 @@ from sage_plugin.config import SageConfig
 from sage_plugin.core.budgeted import eagle_beam_candidates
 from sage_plugin.core.controller import HistoryState
 from sage_plugin.core.slots import SlotState
-from sage_plugin.runtimes.sglang.selection import BeamSelection
+from sage_plugin.runtimes.sglang.selection import STAT_FIELDS, BeamSelection, DraftCounters, planned_draft
 
 from .config_cases import SELECTION_SWITCHES
 
@@ -100,14 +100,71 @@ def bind_selection(template: BeamSelection, tensors: list[torch.Tensor]) -> Beam
     return sel
 
 
-def decode_step(state: SlotState, sel: BeamSelection, slots, beam: Beam, accept_lens, num_draft_token):
-    """One decode step of the SAGE worker (``SageDraftMixin.draft`` and ``SageWorkerMixin``): plan, load the plan
-    into the selection's buffers, the draft step's selection (``organize_draft_results``), observe."""
-    shape = state.plan(slots, beam.root)
-    sel.load(shape)
-    parent_list, index, draft_tokens = sel(beam.score_list, beam.token_list, beam.parents_list, num_draft_token)
+def new_counters(device: str = "cpu", max_bs: int = MAX_BS) -> DraftCounters:
+    """The worker's :class:`DraftCounters` (``stats [6]`` float64, ``rounds [max_bs, 4]`` float32)."""
+    return DraftCounters(max_bs, device)
+
+
+def counter_buffers(counters: DraftCounters) -> list[torch.Tensor]:
+    return [counters.stats, counters.rounds]
+
+
+def bind_counters(tensors: list[torch.Tensor]) -> DraftCounters:
+    """DraftCounters whose buffers are ``tensors`` (a captured graph's inputs)."""
+    counters = DraftCounters.__new__(DraftCounters)
+    counters.stats, counters.rounds = tensors
+    return counters
+
+
+#: the outputs of :func:`draft_step` and :func:`decode_step`, in order
+STEP_OUTPUTS = ("alpha", "depth", "width", "first_round", "parent_list", "index", "draft_tokens")
+
+
+def draft_step(state: SlotState, sel: BeamSelection, counters: DraftCounters, slots, beam: Beam, num_draft_token):
+    """The SAGE worker's draft forward (``SageDraftMixin.draft_forward``, the part SGLang's draft graph captures):
+    :func:`planned_draft` around the selection (``organize_draft_results``; the draft model's forwards, which
+    make ``beam``, are SGLang's).
+
+    ``slots`` ``[B]``, ``beam`` of ``B`` rows; returns :data:`STEP_OUTPUTS`: ``[B]`` alpha (float32), D, W (int64),
+    first round (bool) of each row's plan, then the selection's ``parent_list``, ``index`` and ``draft_tokens``."""
+    parent_list, index, draft_tokens = planned_draft(
+        state, sel, counters, slots, beam.root,
+        lambda: sel(beam.score_list, beam.token_list, beam.parents_list, num_draft_token),
+    )  # fmt: skip
+    bs = slots.shape[0]
+    plan = (counters.rounds[:bs, 0], sel.depth[:bs], sel.width[:bs], sel.first[:bs])
+    return (*(t.clone() for t in plan), parent_list, index, draft_tokens)
+
+
+def observe_step(state: SlotState, counters: DraftCounters, slots, accept_lens) -> None:
+    """After verify (``SageDraftMixin.sage_observe``, eager in the worker): ``accept_lens [B]`` into the slots'
+    history and the accept-length counter."""
     state.observe(slots, accept_lens)
-    return shape.alpha, shape.depth, shape.width, shape.first_round, parent_list, index, draft_tokens
+    counters.stats[STAT_FIELDS.index("accept_sum")] += accept_lens.sum().to(counters.stats.dtype)
+
+
+def decode_step(
+    state: SlotState, sel: BeamSelection, counters: DraftCounters, slots, beam: Beam, accept_lens, num_draft_token
+):
+    """One decode step of the SAGE worker: :func:`draft_step`, then :func:`observe_step`; returns the draft step's
+    :data:`STEP_OUTPUTS`."""
+    out = draft_step(state, sel, counters, slots, beam, num_draft_token)
+    observe_step(state, counters, slots, accept_lens)
+    return out
+
+
+def padded(slots: torch.Tensor, beam: Beam, bs: int, gen: torch.Generator | None = None) -> tuple[torch.Tensor, Beam]:
+    """The batch as SGLang's draft graph runner sees it at captured size ``bs`` (``EagleDraftCudaGraphRunner.execute``
+    pads ``req_pool_indices`` with slot 0 and ``topk_p`` with zeros): ``(slots [bs], beam of bs rows)``.
+
+    The padded rows' beam is what SGLang's draft steps make of a zero root: zero scores and tokens, and parents
+    from a random beam (the structure ``select_top_k_tokens`` gives any row)."""
+    raw, steps = slots.shape[0], len(beam.score_list)
+    pad = sglang_beam(bs - raw, steps, gen=gen, device=slots.device.type)
+    zero = [torch.zeros_like(t) for t in [pad.root, *pad.score_list, *pad.token_list]]
+    pad = Beam.of([*zero, *pad.parents_list], steps)
+    tensors = [torch.cat([a, b]) for a, b in zip(beam.tensors(), pad.tensors())]
+    return torch.cat([slots, slots.new_zeros(bs - raw)]), Beam.of(tensors, steps)
 
 
 def state_tensors(state: SlotState) -> list[torch.Tensor]:

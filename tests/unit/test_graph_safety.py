@@ -1,12 +1,14 @@
 """The SGLang worker's per-step SAGE path is CUDA-graph-safe and sync-free, proved on the CPU.
 
-The per-step path of the SAGE worker (``sage_plugin/runtimes/sglang/worker.py``; its selection is the real
-:class:`~sage_plugin.runtimes.sglang.selection.BeamSelection`, which imports no SGLang): a prefill resets its slots (:meth:`SlotState.reset`); a decode step plans every request's round
-(:meth:`SlotState.plan`) and writes D, W and the first-round flag into persistent ``[max_bs]`` buffers, the draft
-step (the part SGLang captures in a CUDA graph) turns SGLang's ``score_list`` / ``token_list`` / ``parents_list``
-into the beam's candidates (:func:`eagle_beam_candidates`) and chooses the verified nodes from the buffers
-(:func:`select_shaped`), and the accept lengths feed the slots' history (:meth:`SlotState.observe`).  The inputs
-are built as SGLang 0.5.23's draft loop builds them (``select_top_k_tokens``): top-``t`` of random draft
+The per-step path of the SAGE worker (``sage_plugin/runtimes/sglang/worker.py``; its SGLang-free part is
+:mod:`sage_plugin.runtimes.sglang.selection`, run here as the worker runs it, ``graph_step.py``): a prefill resets
+its slots (:meth:`SlotState.reset`); a decode step's draft forward (``SageDraftMixin.draft_forward``, the callable
+SGLang's draft CUDA graph runner captures) runs :func:`planned_draft`: it plans every request's round
+(:meth:`SlotState.plan`), writes D, W and the first-round flag into persistent ``[max_bs]`` buffers, turns SGLang's
+``score_list`` / ``token_list`` / ``parents_list`` into the beam's candidates (:func:`eagle_beam_candidates`) and
+chooses the verified nodes from the buffers (:func:`select_shaped`), then adds the real rows to the metrics and
+writes each row's round record; after verify the accept lengths feed the slots' history (:meth:`SlotState.observe`).
+The inputs are built as SGLang 0.5.23's draft loop builds them (``select_top_k_tokens``): top-``t`` of random draft
 distributions, ``t = 4``, 1-6 steps, batch 1-8.
 
 What is proved:
@@ -23,10 +25,14 @@ What is proved:
 * nothing of the capture-time values is baked into a graph and the state is only mutated in place: the reset, and
   the decode step (plan, buffers, selection, observe) as a function of its tensors (inputs, slot state, buffers),
   are captured with ``make_fx`` and replayed over several rounds with new slot ids, probabilities and accept
-  lengths; every output and every state and buffer tensor equals an eager run's, round after round.
+  lengths; every output and every state and buffer tensor equals an eager run's, round after round;
+* SGLang's padded rows (the runner replays a captured batch size with rows past the real batch set to slot 0 and a
+  zero ``topk_p``) count nowhere: the draft step on a padded batch, guarded, and a ``make_fx`` capture at the
+  largest size replayed with 1 to 8 real rows give the real rows' outputs, round record, metrics and every slot's
+  state but slot 0's of the raw batch, and the metrics equal each request's draft step alone, summed.
 
 What only a GPU can check: a real ``torch.cuda.graph`` capture and replay of SGLang's draft step (its memory pool,
-the persistent buffers' addresses, SGLang's batch padding), that the CUDA kernels behind ``sort`` / ``topk`` /
+the persistent buffers' addresses), that the CUDA kernels behind ``sort`` / ``topk`` /
 ``scatter`` launch without an internal host sync, streams and the overlap scheduler, and NCCL under tensor
 parallelism (``tests/integration/sglang``).
 """
@@ -34,6 +40,7 @@ parallelism (``tests/integration/sglang``).
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 
 import pytest
@@ -52,15 +59,22 @@ from .graph_step import (
     MAX_BS,
     NUM_SLOTS,
     SMALL,
+    STEP_OUTPUTS,
     SWITCHES,
     TOPK,
     Beam,
     assert_is_beam_tree,
     bind,
+    bind_counters,
     bind_selection,
+    counter_buffers,
     decode_step,
+    draft_step,
     n_select,
+    new_counters,
     new_selection,
+    observe_step,
+    padded,
     random_round,
     selection_buffers,
     sglang_beam,
@@ -160,7 +174,7 @@ def configs(draw):
 @given(cfg=configs(), bsz=st.integers(1, MAX_BS), steps=st.integers(1, 6), seed=st.integers(0, 2**16))
 def test_per_step_path_has_no_host_sync_and_static_shapes(cfg, bsz, steps, seed):
     gen = torch.Generator().manual_seed(seed)
-    state, sel = SlotState(cfg, NUM_SLOTS), new_selection(cfg)
+    state, sel, counters = SlotState(cfg, NUM_SLOTS), new_selection(cfg), new_counters()
     rounds = [random_round(gen, bsz, steps, torch.arange(NUM_SLOTS)) for _ in range(4)]
     resets = [slots[: (bsz + 1) // 2] if r % 2 == 0 else slots[:0] for r, (slots, _, _) in enumerate(rounds)]
     outs = []
@@ -168,8 +182,8 @@ def test_per_step_path_has_no_host_sync_and_static_shapes(cfg, bsz, steps, seed)
         for (slots, beam, accept), fresh in zip(rounds, resets):
             if fresh.numel():  # prefills take over some slots
                 state.reset(fresh)
-            outs.append(decode_step(state, sel, slots, beam, accept, n_select(cfg, steps) + 1))
-    assert {"index_copy_", "index_fill_", "topk", "sort", "gather", "scatter_add_"} <= mode.ops
+            outs.append(decode_step(state, sel, counters, slots, beam, accept, n_select(cfg, steps) + 1))
+    assert {"index_copy_", "index_fill_", "topk", "sort", "gather", "scatter_add_", "where"} <= mode.ops
     observed = set()  # slots that finished a round since their reset
     for (slots, beam, _), fresh, (alpha, depth, width, first, _, index, tokens) in zip(rounds, resets, outs):
         assert index.shape == tokens.shape == (bsz, n_select(cfg, steps))
@@ -230,8 +244,8 @@ def test_the_guard_lets_static_indexing_through_and_catches_device_moves():
 def test_per_step_path_on_fake_cuda_keeps_every_tensor_on_the_device(cfg, bsz, steps):
     n = n_select(cfg, steps)
     with FakeTensorMode(allow_non_fake_inputs=False):
-        state, sel = SlotState(cfg, NUM_SLOTS, "cuda"), new_selection(cfg, "cuda")
-        buffers = selection_buffers(sel)
+        state, sel, counters = SlotState(cfg, NUM_SLOTS, "cuda"), new_selection(cfg, "cuda"), new_counters("cuda")
+        buffers = selection_buffers(sel) + counter_buffers(counters)
         before = [(t.shape, t.dtype) for t in state_tensors(state) + buffers]
         rounds = []
         for _ in range(3):
@@ -239,7 +253,7 @@ def test_per_step_path_on_fake_cuda_keeps_every_tensor_on_the_device(cfg, bsz, s
             rounds.append((slots, sglang_beam(bsz, steps, device="cuda"), torch.randint(1, 5, (bsz,), device="cuda")))
         with graph_safe():
             state.reset(rounds[0][0])
-            outs = [decode_step(state, sel, *r, n + 1) for r in rounds]
+            outs = [decode_step(state, sel, counters, *r, n + 1) for r in rounds]
     expected = [
         ((bsz,), torch.float32),
         ((bsz,), torch.int64),
@@ -251,7 +265,7 @@ def test_per_step_path_on_fake_cuda_keeps_every_tensor_on_the_device(cfg, bsz, s
     ]
     for out in outs:
         assert [(tuple(t.shape), t.dtype) for t in out] == expected
-    after = state_tensors(state) + selection_buffers(sel)
+    after = state_tensors(state) + selection_buffers(sel) + counter_buffers(counters)
     assert [(t.shape, t.dtype) for t in after] == before
     for t in [*after, *(t for out in outs for t in out)]:
         assert isinstance(t, FakeTensor) and t.device.type == "cuda"
@@ -292,6 +306,7 @@ def captured(case: str):
     template, num_draft = SlotState(cfg, NUM_SLOTS), n_select(cfg, steps) + 1
     sel_template = new_selection(cfg)
     n_state, n_beam = len(state_tensors(template)), len(sglang_beam(bsz, steps).tensors())
+    n_sel = len(selection_buffers(sel_template))
 
     def reset(slots, *state):
         bind(template, list(state)).reset(slots)
@@ -300,8 +315,9 @@ def captured(case: str):
     def step(slots, accept_lens, *rest):
         beam = Beam.of(list(rest[:n_beam]), steps)
         state = bind(template, list(rest[n_beam : n_beam + n_state]))
-        sel = bind_selection(sel_template, list(rest[n_beam + n_state :]))
-        return decode_step(state, sel, slots, beam, accept_lens, num_draft)
+        sel = bind_selection(sel_template, list(rest[n_beam + n_state : n_beam + n_state + n_sel]))
+        counters = bind_counters(list(rest[n_beam + n_state + n_sel :]))
+        return decode_step(state, sel, counters, slots, beam, accept_lens, num_draft)
 
     gen = torch.Generator().manual_seed(0)
     slots, beam, accept = random_round(gen, bsz, steps, slot_pool(bsz, NUM_SLOTS - bsz - 1))  # the top slots
@@ -312,6 +328,7 @@ def captured(case: str):
         *beam.tensors(),
         *state_tensors(SlotState(cfg, NUM_SLOTS)),
         *selection_buffers(new_selection(cfg)),
+        *counter_buffers(new_counters()),
     )
     for graph in (reset_graph, step_graph):
         targets = {n.target for n in graph.graph.nodes if n.op == "call_function"}
@@ -326,9 +343,10 @@ def test_captured_step_replays_with_new_inputs_like_eager(case, seed, first_slot
     cfg, bsz, steps = GRAPH_CASES[case]
     reset_graph, step_graph = captured(case)
     gen = torch.Generator().manual_seed(seed)
-    eager, eager_sel = SlotState(cfg, NUM_SLOTS), new_selection(cfg)
-    eager_buffers = selection_buffers(eager_sel)
-    replay, replay_buffers = [t.clone() for t in state_tensors(eager)], selection_buffers(new_selection(cfg))
+    eager, eager_sel, eager_counters = SlotState(cfg, NUM_SLOTS), new_selection(cfg), new_counters()
+    eager_buffers = selection_buffers(eager_sel) + counter_buffers(eager_counters)
+    replay = [t.clone() for t in state_tensors(eager)]
+    replay_buffers = selection_buffers(new_selection(cfg)) + counter_buffers(new_counters())
     num_draft = n_select(cfg, steps) + 1
     seen_index, seen_alpha = set(), set()  # selections, and the slots' alphas (lag1: the next round's)
     longest, prev = 0, None  # the longest history a slot reached; the previous round's slots
@@ -340,7 +358,7 @@ def test_captured_step_replays_with_new_inputs_like_eager(case, seed, first_slot
         if r % 3 == 0:
             eager.reset(slots[:RESETS])
             reset_graph(slots[:RESETS], *replay)
-        want = decode_step(eager, eager_sel, slots, beam, accept, num_draft)
+        want = decode_step(eager, eager_sel, eager_counters, slots, beam, accept, num_draft)
         got = step_graph(slots, accept, *beam.tensors(), *replay, *replay_buffers)
         assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want)), f"round {r}"
         for g, w in zip(replay + replay_buffers, state_tensors(eager) + eager_buffers):
@@ -351,3 +369,110 @@ def test_captured_step_replays_with_new_inputs_like_eager(case, seed, first_slot
     # the rounds differ, so values frozen at capture would have shown, and a slot's history ran over rounds
     assert len(seen_index) > 1 and len(seen_alpha) > 1
     assert longest >= 2
+
+
+# -- (d) SGLang's padded rows --------------------------------------------------------------------------------------
+STATS_EXACT = [0, 2, 3, 4]  # rounds, depth, width, shaped sums: integers, exact in float64; alpha's sum: rounding
+
+
+def assert_same_stats(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert torch.equal(got[STATS_EXACT], want[STATS_EXACT]), (got, want)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+def real_round(gen: torch.Generator, bsz: int, steps: int):
+    """A decode step's batch of real requests: slots from 1 (SGLang keeps slot 0 for padding)."""
+    return random_round(gen, bsz, steps, torch.arange(1, NUM_SLOTS))
+
+
+def one_by_one(state: SlotState, sel, slots, beam: Beam, num_draft: int) -> tuple[torch.Tensor, list]:
+    """Each request alone from ``state`` (untouched): the stats it adds ``[5]`` and its draft step's outputs."""
+    total, outs = torch.zeros(5, dtype=torch.float64), []
+    for i in range(slots.shape[0]):
+        alone = bind(state, [t.clone() for t in state_tensors(state)])
+        one_sel, counters = copy.copy(sel), new_counters()
+        one_sel.depth, one_sel.width, one_sel.shaped, one_sel.first = (t.clone() for t in selection_buffers(sel))
+        rows = Beam.of([t[i : i + 1] for t in beam.tensors()], len(beam.score_list))
+        outs.append(draft_step(alone, one_sel, counters, slots[i : i + 1], rows, num_draft))
+        alpha, depth, width = (float(t[0]) for t in outs[-1][:3])
+        row = torch.tensor([1.0, alpha, depth, width, float(one_sel.shaped[0])], dtype=torch.float64)
+        assert torch.equal(counters.stats[:5], row)  # a request alone counts its own plan, once
+        total += row
+    return total, outs
+
+
+@settings(max_examples=25, deadline=None)
+@given(cfg=configs(), bsz=st.integers(1, MAX_BS - 1), pad=st.integers(1, MAX_BS), steps=st.integers(1, 6),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_padded_rows_count_nowhere_and_real_rows_equal_the_raw_batch(cfg, bsz, pad, steps, seed):
+    """The draft step (:func:`planned_draft` around the selection) on SGLang's padded batch (captured size
+    ``bsz + pad``, padded rows slot 0 with a zero ``topk_p``), guarded: the real rows' outputs, the round record, the
+    stats and every slot's state but slot 0's equal the raw batch's; the stats equal each request's alone, summed."""
+    gen, bs, num_draft = torch.Generator().manual_seed(seed), min(bsz + pad, MAX_BS), n_select(cfg, steps) + 1
+    raw, raw_sel, raw_counters = SlotState(cfg, NUM_SLOTS), new_selection(cfg), new_counters()
+    pad_state, pad_sel, pad_counters = (
+        bind(raw, [t.clone() for t in state_tensors(raw)]),
+        new_selection(cfg),
+        new_counters(),
+    )
+    for _ in range(3):  # later rounds plan from a history (lag1 alpha, D_max)
+        slots, beam, accept = real_round(gen, bsz, steps)
+        naive, alone = one_by_one(raw, raw_sel, slots, beam, num_draft)
+        before = raw_counters.stats.clone()
+        want = draft_step(raw, raw_sel, raw_counters, slots, beam, num_draft)
+        with graph_safe():
+            got = draft_step(pad_state, pad_sel, pad_counters, *padded(slots, beam, bs, gen), num_draft)
+        for name, g, w in zip(STEP_OUTPUTS, got, want):
+            assert g.shape[0] == bs and torch.equal(g[:bsz], w), name
+        for i, one in enumerate(alone):  # the rows are independent: each request's draft step is its own
+            assert all(torch.equal(a[0], w[i]) for a, w in zip(one, want))
+        assert torch.equal(pad_counters.rounds[:bsz], raw_counters.rounds[:bsz])
+        assert_same_stats(pad_counters.stats, raw_counters.stats)
+        assert_same_stats(raw_counters.stats[:5] - before[:5], naive)
+        for counters in (raw_counters, pad_counters):  # the worker observes the raw batch, eagerly
+            observe_step(raw if counters is raw_counters else pad_state, counters, slots, accept)
+        for g, w in zip(state_tensors(pad_state), state_tensors(raw)):
+            assert torch.equal(g[1:], w[1:])  # slot 0 is the padding's
+    assert_same_stats(pad_counters.stats, raw_counters.stats)
+
+
+def test_captured_draft_step_replays_padded_batches_like_the_raw_batch():
+    """The draft step captured (``make_fx``) at the batch size SGLang's runner captures, replayed with padded
+    batches of 1 to ``MAX_BS`` real rows: real rows, round record, stats and state (but slot 0) as eager on the raw
+    batch, round after round."""
+    cfg, steps = DEFAULTS, 6
+    num_draft, n_beam = n_select(cfg, steps) + 1, len(sglang_beam(MAX_BS, steps).tensors())
+    template, sel_template = SlotState(cfg, NUM_SLOTS), new_selection(cfg)
+    n_state, n_sel = len(state_tensors(template)), len(selection_buffers(sel_template))
+
+    def step(slots, *rest):
+        beam = Beam.of(list(rest[:n_beam]), steps)
+        state = bind(template, list(rest[n_beam : n_beam + n_state]))
+        sel = bind_selection(sel_template, list(rest[n_beam + n_state : n_beam + n_state + n_sel]))
+        return draft_step(state, sel, bind_counters(list(rest[n_beam + n_state + n_sel :])), slots, beam, num_draft)
+
+    gen = torch.Generator().manual_seed(3)
+    slots, beam, _ = real_round(gen, MAX_BS, steps)
+    graph = make_fx(step)(slots, *beam.tensors(), *state_tensors(template), *selection_buffers(sel_template),
+                          *counter_buffers(new_counters()))  # fmt: skip
+    eager, eager_sel, eager_counters = SlotState(cfg, NUM_SLOTS), new_selection(cfg), new_counters()
+    state, sel, counters = (
+        [t.clone() for t in state_tensors(eager)],
+        selection_buffers(new_selection(cfg)),
+        new_counters(),
+    )
+    sizes = [1, MAX_BS, 3, MAX_BS - 1, 2, 5, 1, MAX_BS]
+    for r, bsz in enumerate(sizes):
+        slots, beam, accept = real_round(gen, bsz, steps)
+        want = draft_step(eager, eager_sel, eager_counters, slots, beam, num_draft)
+        pad_slots, pad_beam = padded(slots, beam, MAX_BS, gen)
+        got = graph(pad_slots, *pad_beam.tensors(), *state, *sel, *counter_buffers(counters))
+        for name, g, w in zip(STEP_OUTPUTS, got, want):
+            assert torch.equal(g[:bsz], w), f"round {r}: {name}"
+        assert torch.equal(counters.rounds[:bsz], eager_counters.rounds[:bsz]), f"round {r}"
+        assert_same_stats(counters.stats, eager_counters.stats)
+        observe_step(eager, eager_counters, slots, accept)
+        observe_step(bind(template, state), counters, slots, accept)
+        for g, w in zip(state, state_tensors(eager)):
+            assert torch.equal(g[1:], w[1:]), f"state after round {r}"
+    assert eager_counters.stats[0] == sum(sizes)  # every real row, no padded one

@@ -9,8 +9,10 @@ SGLang's EAGLE v2 draft step runs a fixed beam (``--speculative-num-steps`` draf
 by ``organize_draft_results`` (top joint probability).  SAGE keeps SGLang's paged KV cache, beam, attention
 backends, tree build and verify, and decides only what SAGE decides (nothing is re-implemented):
 
-* before drafting, :class:`SageDraftWorker` plans every request's round from its root distribution (the beam's
-  first top-k probabilities) and its slot's history: alpha -> (D, W) (:class:`sage_plugin.core.slots.SlotState`);
+* at the start of the draft step, :class:`SageDraftWorker` plans every request's round from its root distribution
+  (the beam's first top-k probabilities) and its slot's history: alpha -> (D, W)
+  (:class:`sage_plugin.core.slots.SlotState`), inside ``draft_forward``, the callable SGLang's draft CUDA graph
+  runner captures (:func:`.selection.planned_draft`);
 * the verified nodes are chosen by :func:`sage_plugin.core.budgeted.select_shaped` (``rerank_pool``: the beam's
   most probable paths by default, or SAGE's shape first), through the ``organize_draft_results`` hook
   (``hooks.py``, ``patches/INDEX.md`` #3), which dispatches to the active :class:`BeamSelection` and otherwise
@@ -19,9 +21,9 @@ backends, tree build and verify, and decides only what SAGE decides (nothing is 
   a prefill resets the slot.
 
 Everything per step stays on the device (gathers/scatters by ``req_pool_indices``; the shape is written into
-persistent buffers the selection reads, so a captured draft graph would read the live values).  Counters for
-metrics are device tensors too, copied to the host once per step without blocking and read one step late
-(:meth:`SageDraftWorker.sage_stats`).
+persistent buffers the selection reads, and the plan, the selection and the metrics' update are all in the captured
+draft graph on a GPU).  Counters for metrics are device tensors too (:class:`.selection.DraftCounters`), copied to the
+host once per step without blocking and read one step late (:meth:`SageDraftWorker.sage_stats`).
 """
 
 from __future__ import annotations
@@ -51,16 +53,13 @@ from .hooks import ACTIVE_SELECTION
 from .lag import DraftLag
 from .meta import SageRoundDevice
 from .offstep import DecodeVerifyTarget
-from .selection import BeamSelection
+from .selection import STAT_FIELDS, BeamSelection, DraftCounters, planned_draft
 from .tiers import RankZeroTimes, SageTierController, TierSwitchLogFilter
 from .tpsync import sync_due, sync_verify_input
 
 __all__ = ["BeamSelection", "SageDraftWorker", "SageEagleDraftWorker", "SageEagleWorkerV2", "SageWorkerV2"]
 
 logger = logging.getLogger(__name__)
-
-#: metric counters kept on the device, in this order
-STAT_FIELDS = ("rounds", "alpha_sum", "depth_sum", "width_sum", "shaped_sum", "accept_sum")
 
 
 class SageDraftMixin(EagleDraftWorkerBase):
@@ -78,7 +77,7 @@ class SageDraftMixin(EagleDraftWorkerBase):
         self.sage_cfg = cfg
         self.sage_slots: SlotState | None = None
         self.sage_selection: BeamSelection | None = None
-        self._stats = None
+        self.sage_counters: DraftCounters | None = None
         self._stats_host = None
         self.sage_round: torch.Tensor | None = None
         self.sage_lag: DraftLag | None = None
@@ -91,7 +90,7 @@ class SageDraftMixin(EagleDraftWorkerBase):
         slots = int(self.req_to_token_pool.size) + 1
         self.sage_slots = SlotState(self.sage_cfg, slots, self.device)
         self.sage_selection = BeamSelection(self.sage_cfg, self.topk, slots, self.device)
-        self._stats = torch.zeros(len(STAT_FIELDS), dtype=torch.float64, device=self.device)
+        self.sage_counters = DraftCounters(slots, self.device)  # slots >= the largest batch (one slot a request)
         pin = torch.device(self.device).type == "cuda"
         self._stats_host = torch.zeros(len(STAT_FIELDS), dtype=torch.float64, pin_memory=pin)
         tiers = parse_tiers(self.sage_cfg.tiers) if self.sage_cfg.tiers else ()
@@ -112,6 +111,12 @@ class SageDraftMixin(EagleDraftWorkerBase):
     sage_lags_ok = False
 
     def draft(self, batch: Any, *, with_topology: bool = False):
+        """Upstream's draft step with SAGE's selection active; the plan runs inside it (:meth:`draft_forward`).
+
+        Before: the off tier's lag catch-up.  After: the tree broadcast under ``tp_sync``, and the round's record
+        ``sage_round`` (``[B, 4]``, the real rows of :attr:`DraftCounters.rounds`, cloned as ``meta.SageRoundDevice``
+        requires: every draft step rewrites the buffer, and the scheduler's host copy of this step's record may be
+        queued after the next step's draft, e.g. on pipeline stages)."""
         spec = batch.spec_info
         if batch.forward_mode.is_idle() or getattr(spec, "topk_p", None) is None or spec.topk_p.shape[0] == 0:
             return super().draft(batch, with_topology=with_topology)
@@ -120,10 +125,7 @@ class SageDraftMixin(EagleDraftWorkerBase):
             fresh = self.sage_lag.catch_up(self, batch, batch.seq_lens_cpu.tolist(), spec.bonus_tokens)
             spec.topk_p, spec.topk_index, spec.hidden_states = fresh.topk_p, fresh.topk_index, fresh.hidden_states
         bs = spec.topk_p.shape[0]
-        shape = self.sage_slots.plan(batch.req_pool_indices, spec.topk_p)
-        sel = self.sage_selection
-        sel.load(shape)
-        token = ACTIVE_SELECTION.set(sel)
+        token = ACTIVE_SELECTION.set(self.sage_selection)
         try:
             out = super().draft(batch, with_topology=with_topology)
         finally:
@@ -131,18 +133,26 @@ class SageDraftMixin(EagleDraftWorkerBase):
         if self.sage_tp is not None and tp_sync_due(self.sage_cfg, batch):
             sync_verify_input(out, self.sage_tp.broadcast)  # every rank verifies rank 0's tree
             self.sage_tp_syncs += 1
-        upd = torch.stack(
-            [
-                torch.full_like(shape.alpha, 1.0),
-                shape.alpha,
-                shape.depth.to(shape.alpha.dtype),
-                shape.width.to(shape.alpha.dtype),
-                sel.shaped[:bs].to(shape.alpha.dtype),
-            ]
-        )
-        self._stats[:5] += upd.sum(1).to(self._stats.dtype)
-        self.sage_round = upd[1:].t().float().contiguous()  # [B, 4] for meta_info (meta.SageRoundDevice)
+        self.sage_round = self.sage_counters.rounds[:bs].clone()  # [B, 4] for meta_info (meta.SageRoundDevice)
         return out
+
+    def draft_forward(self, forward_batch: Any):
+        """SGLang's draft forward (the beam's draft steps and ``organize_draft_results``) inside SAGE's plan
+        (:func:`.selection.planned_draft`: plan, load into the selection's buffers, metrics, round record).
+
+        SGLang's draft CUDA graph runner captures this method and replays it with the batch in its static buffers
+        (``forward_batch.req_pool_indices`` ``[bs]``, ``spec_info.topk_p`` ``[bs, topk]``, padded past the real
+        batch), so on a GPU the plan replays inside the draft graph; eager, :meth:`draft` reaches it through
+        upstream's ``draft``.  An idle batch, or one with no root distribution, is upstream's alone."""
+        spec = forward_batch.spec_info
+        topk_p = getattr(spec, "topk_p", None)
+        if forward_batch.forward_mode.is_idle() or topk_p is None or topk_p.shape[0] == 0:
+            return super().draft_forward(forward_batch)
+        self._ensure_sage_state()
+        return planned_draft(
+            self.sage_slots, self.sage_selection, self.sage_counters, forward_batch.req_pool_indices, topk_p,
+            lambda: super(SageDraftMixin, self).draft_forward(forward_batch),
+        )  # fmt: skip
 
     def _draft_extend_for_prefill(self, batch: Any, *args: Any, **kwargs: Any):
         """Before the draft's prefill of a multimodal batch, map SGLang's image pad values into the draft's vocabulary.
@@ -205,9 +215,10 @@ class SageDraftMixin(EagleDraftWorkerBase):
         self._ensure_sage_state()
         if history:
             self.sage_slots.observe(slots, accept_lens)
-        self._stats[5] += accept_lens.sum().to(self._stats.dtype)
+        stats = self.sage_counters.stats
+        stats[5] += accept_lens.sum().to(stats.dtype)
         # lagged metrics: start this step's copy, read the previous one
-        self._stats_host.copy_(self._stats, non_blocking=True)
+        self._stats_host.copy_(stats, non_blocking=True)
 
     def sage_stats(self) -> dict[str, float]:
         """Server-wide SAGE counters as of the previous step (means over drafted request-rounds)."""
