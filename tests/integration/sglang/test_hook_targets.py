@@ -92,6 +92,7 @@ USED_SYMBOLS = [
     "sglang.srt.speculative.eagle_worker_common.run_eagle_verify",
     "sglang.srt.model_executor.forward_batch_info.ForwardMode.DECODE",
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward",  # the plan in the draft graph, INDEX.md
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill",  # VLM prompts, INDEX.md
     "sglang.srt.speculative.base_spec_worker.EagleDraftWorkerBase",
     # meta_info["sage"] (meta.py): the auxiliary-output contract and the request-level key of the streamer
