@@ -15,11 +15,29 @@ eager.  This script runs the same path (``tests/unit/graph_step.py``) on a GPU a
 3. **cost**: per-step time of the path eager and replayed, by batch size (CUDA events, median of repeats).
 
 Every switch of the path (``SWITCHES``) is tried alone on the small and the default config; batch sizes 1-16, 1-6
-draft steps.  Usage (repository root, CUDA torch; nothing else needed but PyYAML)::
+draft steps.
 
-    python tools/gpu_step_graph.py --out results/      # writes gpu_step_graph.json, prints a summary
+**The plan in the draft graph** (``--only plan-in-graph`` runs this part alone; ``gpu_plan_in_graph.json``): the
+SAGE worker's ``draft_forward`` runs :func:`~sage_plugin.runtimes.sglang.selection.planned_draft` (plan, load, the
+selection, metrics, round record) inside SGLang's captured draft graph.
 
-Exit status 1 when any check fails.  Not a test: CI has no GPU.
+4. **cost against the former split**, batch 1 / 8 / 32 / 128 at the default config, 6 draft steps: (i) the former
+   split, ``planned_draft`` run eagerly around the selection replayed from its own graph (the plan, its load and the
+   metrics were eager in ``SageDraftMixin.draft``), against (ii) all of ``planned_draft`` replayed from one graph;
+   GPU time (CUDA events) and host time (``perf_counter``) per step, medians of repeats;
+5. **SGLang's padding**: ``planned_draft`` captured at a batch size (8 and 32) on all-padding buffers (slot 0, zero
+   ``topk_p``, as SGLang's runner captures), replayed with 1 to that many real rows and the rest padded as
+   ``EagleDraftCudaGraphRunner.execute`` pads: the real rows' outputs, round record and slot state (slot 0 aside)
+   equal an eager run of the raw batch, and the metrics equal the eager run's, round after round.
+
+Usage (repository root, CUDA torch; nothing else needed but PyYAML)::
+
+    python tools/gpu_step_graph.py --out results/      # writes gpu_step_graph.json and gpu_plan_in_graph.json
+    python tools/gpu_step_graph.py --only plan-in-graph --out results/     # parts 4-5 alone
+    python tools/gpu_step_graph.py --device cpu --iters 2 --out /tmp/x    # parts 4-5 dry run, no GPU: no capture
+
+``--device cpu`` is a dry run of the script's plumbing (the "graph" is the same callable run eagerly, its timings
+host only): it proves nothing about CUDA graphs.  Exit status 1 when any check fails.  Not a test: CI has no GPU.
 """
 
 from __future__ import annotations
@@ -40,8 +58,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import unit.graph_step as gs  # noqa: E402  (the repository's tests/ is put on the path above)
 
 from sage_plugin.core.slots import SlotState  # noqa: E402
+from sage_plugin.runtimes.sglang.selection import STAT_FIELDS, planned_draft  # noqa: E402
 
-DEV = "cuda"
+DEV = "cuda"  # --device
 
 
 def to_dev(round_):
@@ -180,37 +199,223 @@ def timing(batch_sizes, steps: int, iters: int) -> list[dict]:
         res = {"batch_size": bsz, "steps": steps, "num_draft_tokens": cap.num_draft}
         parts = (("eager", eager), ("graph", cap.step_graph.replay), ("plan_load", plan_load))
         for label, fn in parts + (("select", select), ("observe", observe)):
-            for _ in range(10):
-                fn()
-            torch.cuda.synchronize()
-            gpu, host = [], []
-            for _ in range(5):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0 = time.perf_counter()
-                start.record()
-                for _ in range(iters):
-                    fn()
-                end.record()
-                t1 = time.perf_counter()
-                torch.cuda.synchronize()
-                gpu.append(start.elapsed_time(end) / iters)
-                host.append((t1 - t0) * 1e3 / iters)
-            res[f"{label}_ms"] = statistics.median(gpu)
-            res[f"{label}_host_launch_ms"] = statistics.median(host)
+            res[f"{label}_ms"], res[f"{label}_host_launch_ms"] = per_step_ms(fn, iters)
         rows.append(res)
     return rows
 
 
-def main() -> int:
+def sync() -> None:
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def per_step_ms(fn, iters: int, repeats: int = 5) -> tuple[float | None, float]:
+    """``(GPU ms, host ms)`` per call of ``fn``: medians over ``repeats`` loops of ``iters`` calls, after 10 warm-up
+    calls; GPU time from CUDA events around the loop (None on CPU), host time from ``perf_counter`` (the launches)."""
+    for _ in range(10):
+        fn()
+    sync()
+    gpu, host = [], []
+    for _ in range(repeats):
+        if DEV == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        t1 = time.perf_counter()
+        if DEV == "cuda":
+            end.record()
+            torch.cuda.synchronize()
+            gpu.append(start.elapsed_time(end) / iters)
+        host.append((t1 - t0) * 1e3 / iters)
+    return (statistics.median(gpu) if gpu else None), statistics.median(host)
+
+
+# -- the plan in the draft graph (parts 4-5) ----------------------------------------------------------------------
+class Replay:
+    """``fn()`` captured in a CUDA graph (warm-up on a side stream first, as SGLang's runners do); :meth:`run`
+    replays it and returns the captured outputs.  On CPU (dry run) ``fn`` is called each time instead."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.graph = fn, None
+        if DEV != "cuda":
+            self.fn()
+            return
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = fn()
+        torch.cuda.synchronize()
+
+    def run(self):
+        if self.graph is None:
+            return self.fn()
+        self.graph.replay()
+        return self.out
+
+
+class PlannedDraft:
+    """The SAGE draft step at captured size ``bs``: slot state, selection, counters and SGLang's static inputs (slots
+    ``[bs]``, a beam of ``bs`` rows), the draft step being :func:`planned_draft` around the selection."""
+
+    def __init__(self, cfg, bs: int, steps: int, max_bs: int, gen: torch.Generator) -> None:
+        self.bs, self.steps, self.num_draft = bs, steps, gs.n_select(cfg, steps) + 1
+        self.num_slots = 2 * max_bs + 1
+        self.state = SlotState(cfg, self.num_slots, DEV)
+        self.sel, self.counters = gs.new_selection(cfg, DEV, max_bs), gs.new_counters(DEV, max_bs)
+        slots, beam, _ = to_dev(gs.random_round(gen, bs, steps, torch.arange(1, self.num_slots)))
+        self.slots, self.beam = slots.clone(), gs.Beam.of([t.clone() for t in beam.tensors()], steps)
+
+    def select(self):
+        return self.sel(self.beam.score_list, self.beam.token_list, self.beam.parents_list, self.num_draft)
+
+    def step(self, draft=None):
+        """:func:`planned_draft` on the static inputs; ``draft`` (default: the selection) inside it."""
+        return planned_draft(self.state, self.sel, self.counters, self.slots, self.beam.root, draft or self.select)
+
+    def twin(self) -> tuple:
+        """An eager twin's ``(state, selection, counters)``, copies of the current ones."""
+        state = gs.bind(self.state, [t.clone() for t in gs.state_tensors(self.state)])
+        sel = gs.bind_selection(self.sel, [t.clone() for t in gs.selection_buffers(self.sel)])
+        return state, sel, gs.bind_counters([t.clone() for t in gs.counter_buffers(self.counters)])
+
+    def load(self, slots, beam) -> None:
+        self.slots.copy_(slots)
+        for dst, src in zip(self.beam.tensors(), beam.tensors()):
+            dst.copy_(src)
+
+
+def split_against_one_graph(batch_sizes, steps: int, iters: int) -> list[dict]:
+    """Part 4: (i) the former split, ``planned_draft`` eager around the selection's graph, against (ii) one graph of
+    all of ``planned_draft``; per step GPU ms and host ms."""
+    gen, rows = torch.Generator().manual_seed(2), []
+    for bs in batch_sizes:
+        pd = PlannedDraft(gs.DEFAULTS, bs, steps, max(batch_sizes), gen)
+        selection, whole = Replay(pd.select), Replay(pd.step)  # each its own memory pool
+        row = {"batch_size": bs, "steps": steps, "num_draft_tokens": pd.num_draft}
+        for label, fn in (("split", functools.partial(pd.step, selection.run)), ("one_graph", whole.run)):
+            row[f"{label}_gpu_ms"], row[f"{label}_host_ms"] = per_step_ms(fn, iters)
+        rows.append(row)
+    return rows
+
+
+def compare_padded(pd: PlannedDraft, twin, got, want, raw: int, exact: list[int]) -> str | None:
+    """What differs between a padded replay (``pd``, outputs ``got``) and the eager raw batch (``twin`` = state,
+    counters; outputs ``want``), or None."""
+    state, counters = twin
+    if not all(torch.equal(g[:raw], w) for g, w in zip(got, want)):
+        return "the real rows' selection differs"
+    if not torch.equal(pd.counters.rounds[:raw], counters.rounds[:raw]):
+        return "the round record differs"
+    if not torch.equal(pd.counters.stats[exact], counters.stats[exact]) or not torch.allclose(
+        pd.counters.stats, counters.stats, rtol=1e-9, atol=1e-12
+    ):
+        return f"the metrics differ: {pd.counters.stats.tolist()} against {counters.stats.tolist()}"
+    return None
+
+
+def padded_replays(rounds: int, seed: int) -> tuple[int, list[str]]:
+    """Part 5: captured at ``bs`` on all-padding buffers, replayed with padded batches against eager raw batches."""
+    gen, failures, cases = torch.Generator().manual_seed(seed), [], 0
+    exact = [i for i, f in enumerate(STAT_FIELDS) if f != "alpha_sum"]
+    for name, cfg in (("defaults", gs.DEFAULTS), ("small", gs.SMALL.replace(history_window=2))):
+        for bs, steps in ((8, 6), (32, 4)):
+            cases += 1
+            label = f"{name} captured bs={bs} steps={steps}"
+            try:
+                pd = PlannedDraft(cfg, bs, steps, bs, gen)
+                none, beam, _ = gs.random_round(gen, 0, steps, torch.arange(1, pd.num_slots))
+                pd.load(*to_dev((*gs.padded(none, beam, bs, gen), none))[:2])  # all padding, as SGLang captures
+                graph = Replay(pd.step)
+                if pd.counters.stats.abs().sum().item() != 0:
+                    failures.append(f"{label}: the all-padding warm-up counted in the metrics")
+                state, sel, counters = pd.twin()
+                for r in range(rounds):
+                    raw = (1, bs, 3, bs - 1, bs // 2)[r % 5]
+                    slots, beam, accept = gs.random_round(gen, raw, steps, torch.arange(1, pd.num_slots))
+                    pad_slots, pad_beam, _ = to_dev((*gs.padded(slots, beam, bs, gen), accept))
+                    slots, beam, accept = to_dev((slots, beam, accept))
+                    pd.load(pad_slots, pad_beam)
+                    got = graph.run()
+                    select = functools.partial(sel, beam.score_list, beam.token_list, beam.parents_list, pd.num_draft)
+                    want = planned_draft(state, sel, counters, slots, beam.root, select)
+                    sync()
+                    why = compare_padded(pd, (state, counters), got, want, raw, exact)
+                    if why is None:  # eager after verify, on the raw batch (the worker's observe)
+                        pd.state.observe(slots, accept)
+                        state.observe(slots, accept)
+                        if not all(
+                            torch.equal(g[1:], w[1:])
+                            for g, w in zip(gs.state_tensors(pd.state), gs.state_tensors(state))
+                        ):
+                            why = "the slot state (slot 0 aside) differs"
+                    if why:
+                        failures.append(f"{label}: round {r} ({raw} real rows): {why}")
+                        break
+                if counters.stats[0].item() == 0:
+                    failures.append(f"{label}: no round counted")
+            except Exception as e:  # a capture error
+                failures.append(f"{label}: {type(e).__name__}: {e}")
+    return cases, failures
+
+
+def plan_in_graph(args) -> dict:
+    t0 = time.time()
+    cases, failures = padded_replays(args.rounds, args.seed)
+    return {
+        "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run: no CUDA graph)",
+        "torch": torch.__version__,
+        "padded_cases": cases,
+        "rounds_per_case": args.rounds,
+        "failures": failures,
+        "timing": split_against_one_graph(args.batch_sizes, 6, args.iters),
+        "seconds": round(time.time() - t0, 1),
+    }
+
+
+def print_plan_in_graph(report: dict) -> None:
+    n = len(report["failures"])
+    print(f"plan in the draft graph ({report['device']}): {report['padded_cases']} padded cases x "
+          f"{report['rounds_per_case']} rounds, {n} failed")  # fmt: skip
+    for f in report["failures"][:40]:
+        print("  FAIL", f)
+    print("ms per step   former split (plan eager, selection replayed)   one graph (all replayed)")
+    print(f"{'bs':<5}{'N':<4}{'GPU':>10}{'host':>10}{'':<33}{'GPU':>10}{'host':>10}")
+    for r in report["timing"]:
+        gpu = {k: "-" if r[f"{k}_gpu_ms"] is None else f"{r[f'{k}_gpu_ms']:.3f}" for k in ("split", "one_graph")}
+        print(f"{r['batch_size']:<5}{r['num_draft_tokens']:<4}{gpu['split']:>10}{r['split_host_ms']:>10.3f}{'':<33}"
+              f"{gpu['one_graph']:>10}{r['one_graph_host_ms']:>10.3f}")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    global DEV
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--iters", type=int, default=50)
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
+    ap.add_argument("--only", choices=("all", "plan-in-graph"), default="all", help="plan-in-graph: parts 4-5 alone")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: a dry run of parts 4-5 (no CUDA graph, host timings only)")  # fmt: skip
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 128], help="part 4's batch sizes")
+    args = ap.parse_args(argv)
+    DEV = args.device
+    if DEV == "cuda" and not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)
         return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    plan = plan_in_graph(args)
+    (args.out / "gpu_plan_in_graph.json").write_text(json.dumps(plan, indent=1))
+    print_plan_in_graph(plan)
+    if args.only == "plan-in-graph" or DEV == "cpu":
+        return 1 if plan["failures"] else 0
     t0 = time.time()
     cases, failures = check(args.rounds, args.seed)
     times = timing([1, 8, 32, 64, 128], 6, args.iters)
@@ -223,7 +428,6 @@ def main() -> int:
         "timing": times,
         "seconds": round(time.time() - t0, 1),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_step_graph.json").write_text(json.dumps(report, indent=1))
     print(f"{report['device']}, torch {report['torch']}: {cases} cases x {args.rounds} rounds, {len(failures)} failed")
     for f in failures[:40]:
@@ -235,7 +439,7 @@ def main() -> int:
             f"{r['eager_ms']:.3f} ({r['eager_host_launch_ms']:.3f})    {r['graph_ms']:.3f} ({r['graph_host_launch_ms']:.3f})"
             f"    eager parts: plan+load {r['plan_load_ms']:.3f}, select {r['select_ms']:.3f}, observe {r['observe_ms']:.3f}"
         )
-    return 1 if failures else 0
+    return 1 if failures or plan["failures"] else 0
 
 
 if __name__ == "__main__":

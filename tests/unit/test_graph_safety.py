@@ -42,6 +42,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -476,3 +480,15 @@ def test_captured_draft_step_replays_padded_batches_like_the_raw_batch():
         for g, w in zip(state, state_tensors(eager)):
             assert torch.equal(g[1:], w[1:]), f"state after round {r}"
     assert eager_counters.stats[0] == sum(sizes)  # every real row, no padded one
+
+
+def test_the_gpu_script_dry_runs_its_plan_in_graph_part_on_cpu(tmp_path):
+    """``tools/gpu_step_graph.py`` (run on a lent GPU, not in CI) imports and runs its new parts' plumbing on CPU."""
+    repo = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, str(repo / "tools" / "gpu_step_graph.py"), "--device", "cpu", "--rounds", "5",
+           "--iters", "2", "--batch-sizes", "1", "8", "--out", str(tmp_path)]  # fmt: skip
+    run = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads((tmp_path / "gpu_plan_in_graph.json").read_text())
+    assert report["padded_cases"] == 4 and report["failures"] == []
+    assert [r["batch_size"] for r in report["timing"]] == [1, 8]
