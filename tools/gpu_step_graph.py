@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import unit.graph_step as gs  # noqa: E402  (the repository's tests/ is put on the path above)
 
 from sage_plugin.core.slots import SlotState  # noqa: E402
-from sage_plugin.runtimes.sglang.selection import STAT_FIELDS, planned_draft  # noqa: E402
+from sage_plugin.runtimes.sglang.selection import planned_draft  # noqa: E402
 
 DEV = "cuda"  # --device
 
@@ -104,9 +104,7 @@ class Captured:
             )
         torch.cuda.synchronize()
         # the eager twin starts from the same state (capture runs no kernel, so the state is the warm-up's)
-        self.twin = gs.bind(self.state, [t.clone() for t in gs.state_tensors(self.state)])
-        self.twin_sel = gs.bind_selection(self.sel, [t.clone() for t in gs.selection_buffers(self.sel)])
-        self.twin_counters = gs.bind_counters([t.clone() for t in gs.counter_buffers(self.counters)])
+        self.twin, self.twin_sel, self.twin_counters = gs.copies(self.state, self.sel, self.counters)
 
     def load(self, slots, beam, accept) -> None:
         self.slots.copy_(slots)
@@ -282,9 +280,7 @@ class PlannedDraft:
 
     def twin(self) -> tuple:
         """An eager twin's ``(state, selection, counters)``, copies of the current ones."""
-        state = gs.bind(self.state, [t.clone() for t in gs.state_tensors(self.state)])
-        sel = gs.bind_selection(self.sel, [t.clone() for t in gs.selection_buffers(self.sel)])
-        return state, sel, gs.bind_counters([t.clone() for t in gs.counter_buffers(self.counters)])
+        return gs.copies(self.state, self.sel, self.counters)
 
     def load(self, slots, beam) -> None:
         self.slots.copy_(slots)
@@ -306,7 +302,7 @@ def split_against_one_graph(batch_sizes, steps: int, iters: int) -> list[dict]:
     return rows
 
 
-def compare_padded(pd: PlannedDraft, twin, got, want, raw: int, exact: list[int]) -> str | None:
+def compare_padded(pd: PlannedDraft, twin, got, want, raw: int) -> str | None:
     """What differs between a padded replay (``pd``, outputs ``got``) and the eager raw batch (``twin`` = state,
     counters; outputs ``want``), or None."""
     state, counters = twin
@@ -314,6 +310,7 @@ def compare_padded(pd: PlannedDraft, twin, got, want, raw: int, exact: list[int]
         return "the real rows' selection differs"
     if not torch.equal(pd.counters.rounds[:raw], counters.rounds[:raw]):
         return "the round record differs"
+    exact = gs.STATS_EXACT
     if not torch.equal(pd.counters.stats[exact], counters.stats[exact]) or not torch.allclose(
         pd.counters.stats, counters.stats, rtol=1e-9, atol=1e-12
     ):
@@ -324,7 +321,6 @@ def compare_padded(pd: PlannedDraft, twin, got, want, raw: int, exact: list[int]
 def padded_replays(rounds: int, seed: int) -> tuple[int, list[str]]:
     """Part 5: captured at ``bs`` on all-padding buffers, replayed with padded batches against eager raw batches."""
     gen, failures, cases = torch.Generator().manual_seed(seed), [], 0
-    exact = [i for i, f in enumerate(STAT_FIELDS) if f != "alpha_sum"]
     for name, cfg in (("defaults", gs.DEFAULTS), ("small", gs.SMALL.replace(history_window=2))):
         for bs, steps in ((8, 6), (32, 4)):
             cases += 1
@@ -347,7 +343,7 @@ def padded_replays(rounds: int, seed: int) -> tuple[int, list[str]]:
                     select = functools.partial(sel, beam.score_list, beam.token_list, beam.parents_list, pd.num_draft)
                     want = planned_draft(state, sel, counters, slots, beam.root, select)
                     sync()
-                    why = compare_padded(pd, (state, counters), got, want, raw, exact)
+                    why = compare_padded(pd, (state, counters), got, want, raw)
                     if why is None:  # eager after verify, on the raw batch (the worker's observe)
                         pd.state.observe(slots, accept)
                         state.observe(slots, accept)

@@ -116,6 +116,9 @@ def bind_counters(tensors: list[torch.Tensor]) -> DraftCounters:
     return counters
 
 
+#: the metrics that sum integers (exact in float64); ``alpha_sum`` sums floats, so its order of summation shows
+STATS_EXACT = [i for i, name in enumerate(STAT_FIELDS) if name != "alpha_sum"]
+
 #: the outputs of :func:`draft_step` and :func:`decode_step`, in order
 STEP_OUTPUTS = ("alpha", "depth", "width", "first_round", "parent_list", "index", "draft_tokens")
 
@@ -140,7 +143,7 @@ def observe_step(state: SlotState, counters: DraftCounters, slots, accept_lens) 
     """After verify (``SageDraftMixin.sage_observe``, eager in the worker): ``accept_lens [B]`` into the slots'
     history and the accept-length counter."""
     state.observe(slots, accept_lens)
-    counters.stats[STAT_FIELDS.index("accept_sum")] += accept_lens.sum().to(counters.stats.dtype)
+    counters.add_accepted(accept_lens)
 
 
 def decode_step(
@@ -177,6 +180,15 @@ def bind(template: SlotState, tensors: list[torch.Tensor]) -> SlotState:
     state.alpha, state.first_round = tensors[:2]
     state.history = HistoryState(*tensors[2:])
     return state
+
+
+def copies(state: SlotState, sel: BeamSelection, counters: DraftCounters):
+    """``(state, sel, counters)`` of the SAGE step on copies of every tensor (an eager twin from the same point)."""
+    return (
+        bind(state, [t.clone() for t in state_tensors(state)]),
+        bind_selection(sel, [t.clone() for t in selection_buffers(sel)]),
+        bind_counters([t.clone() for t in counter_buffers(counters)]),
+    )
 
 
 def random_round(gen: torch.Generator, bsz: int, steps: int, pool: torch.Tensor):

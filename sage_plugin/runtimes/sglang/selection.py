@@ -20,13 +20,14 @@ from sage_plugin.config import SageConfig
 from sage_plugin.core.budgeted import eagle_beam_candidates, select_shaped
 from sage_plugin.core.slots import RoundShape, SlotState
 
-__all__ = ["ROUND_COLUMNS", "STAT_FIELDS", "BeamSelection", "DraftCounters", "planned_draft"]
+from .meta import ROUND_FIELDS
+
+__all__ = ["STAT_FIELDS", "BeamSelection", "DraftCounters", "planned_draft"]
 
 #: metric counters kept on the device, in this order (:attr:`DraftCounters.stats`)
 STAT_FIELDS = ("rounds", "alpha_sum", "depth_sum", "width_sum", "shaped_sum", "accept_sum")
-#: columns of a round's per-row record (:attr:`DraftCounters.rounds`; ``meta.ROUND_FIELDS``)
-ROUND_COLUMNS = 4
 T = TypeVar("T")
+_ACCEPT = STAT_FIELDS.index("accept_sum")
 
 
 class BeamSelection:
@@ -72,13 +73,18 @@ class DraftCounters:
     """A draft worker's device-side metrics, in persistent buffers a captured draft graph writes.
 
     ``stats``: ``[len(STAT_FIELDS)]`` float64 running sums over drafted request-rounds (:data:`STAT_FIELDS`; the last,
-    ``accept_sum``, is the worker's, after verify).  ``rounds``: ``[max_bs, 4]`` float32, the last round's record of
-    each batch row (alpha, D, W, SAGE-shaped nodes: ``meta.ROUND_FIELDS``); a step's first ``bs`` rows are its batch.
+    ``accept_sum``, is the worker's, after verify: :meth:`add_accepted`).  ``rounds``: ``[max_bs, 4]`` float32, the
+    last round's record of each batch row (``meta.ROUND_FIELDS``: alpha, D, W, SAGE-shaped nodes); a step's first
+    ``bs`` rows are its batch.
     """
 
     def __init__(self, max_bs: int, device: torch.device | str) -> None:
         self.stats = torch.zeros(len(STAT_FIELDS), dtype=torch.float64, device=device)
-        self.rounds = torch.zeros(max_bs, ROUND_COLUMNS, dtype=torch.float32, device=device)
+        self.rounds = torch.zeros(max_bs, len(ROUND_FIELDS), dtype=torch.float32, device=device)
+
+    def add_accepted(self, accept_lens: torch.Tensor) -> None:
+        """A verified step's ``accept_lens [B]`` (accepted drafts + the bonus) into ``accept_sum``."""
+        self.stats[_ACCEPT] += accept_lens.sum().to(self.stats.dtype)
 
 
 def planned_draft(

@@ -118,7 +118,7 @@ class SageDraftMixin(EagleDraftWorkerBase):
         requires: every draft step rewrites the buffer, and the scheduler's host copy of this step's record may be
         queued after the next step's draft, e.g. on pipeline stages)."""
         spec = batch.spec_info
-        if batch.forward_mode.is_idle() or getattr(spec, "topk_p", None) is None or spec.topk_p.shape[0] == 0:
+        if _root_probs(batch) is None:
             return super().draft(batch, with_topology=with_topology)
         self._ensure_sage_state()
         if self.sage_lag is not None and self.sage_lag.behind():  # off steps skipped the extend: replay them first
@@ -144,9 +144,8 @@ class SageDraftMixin(EagleDraftWorkerBase):
         (``forward_batch.req_pool_indices`` ``[bs]``, ``spec_info.topk_p`` ``[bs, topk]``, padded past the real
         batch), so on a GPU the plan replays inside the draft graph; eager, :meth:`draft` reaches it through
         upstream's ``draft``.  An idle batch, or one with no root distribution, is upstream's alone."""
-        spec = forward_batch.spec_info
-        topk_p = getattr(spec, "topk_p", None)
-        if forward_batch.forward_mode.is_idle() or topk_p is None or topk_p.shape[0] == 0:
+        topk_p = _root_probs(forward_batch)
+        if topk_p is None:
             return super().draft_forward(forward_batch)
         self._ensure_sage_state()
         return planned_draft(
@@ -215,10 +214,9 @@ class SageDraftMixin(EagleDraftWorkerBase):
         self._ensure_sage_state()
         if history:
             self.sage_slots.observe(slots, accept_lens)
-        stats = self.sage_counters.stats
-        stats[5] += accept_lens.sum().to(stats.dtype)
+        self.sage_counters.add_accepted(accept_lens)
         # lagged metrics: start this step's copy, read the previous one
-        self._stats_host.copy_(stats, non_blocking=True)
+        self._stats_host.copy_(self.sage_counters.stats, non_blocking=True)
 
     def sage_stats(self) -> dict[str, float]:
         """Server-wide SAGE counters as of the previous step (means over drafted request-rounds)."""
@@ -234,6 +232,15 @@ class SageDraftMixin(EagleDraftWorkerBase):
             "sage_mean_shaped_nodes": v["shaped_sum"] / n,
             "sage_mean_accept_length": v["accept_sum"] / n,
         }
+
+
+def _root_probs(batch: Any) -> torch.Tensor | None:
+    """The ``[B, topk]`` root probabilities SAGE plans from (``spec_info.topk_p`` of a schedule or forward batch), or
+    None where the step is upstream's alone: an idle batch, or one with no root distribution."""
+    topk_p = getattr(batch.spec_info, "topk_p", None)
+    if batch.forward_mode.is_idle() or topk_p is None or topk_p.shape[0] == 0:
+        return None
+    return topk_p
 
 
 def tp_sync_group(cfg: SageConfig) -> Any:
