@@ -63,6 +63,11 @@ back-off bounds that while a change of traffic is still found within ``probe_bac
 :meth:`TierChooser.choose` when a step starts and :meth:`observe` when its accept counts reach the host, possibly
 after later steps started (overlap scheduling); observations are matched to steps in launch order.
 
+Batch sizes that run as one captured shape share their costs (:meth:`TierChooser.set_size_classes`): a CUDA
+graph runner pads a batch to its next captured size, so a tier costs the same at every size up to it, and one
+measurement prices the whole class (``[1, 2, 4, 8, 16, 24, 32]`` captured: 13 requests run, and are priced, as 16).
+Without captured sizes (CPU, eager) every batch size is its own class.
+
 Worked example (two tiers, batch 1)::
 
     tiers (0, 1) and (3, 8); costs measured 60 ms and 100 ms; mean accepted drafts under (3, 8): 1.2
@@ -72,6 +77,7 @@ Worked example (two tiers, batch 1)::
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -165,10 +171,24 @@ class TierChooser:
         # (step, tier, alpha bin) per step awaiting feedback; a step whose feedback never comes cannot pile up
         self._pending: deque[tuple[int, Tier, int | None]] = deque(maxlen=8)
         self._overhead: float | None = None
-        self._steps_at: dict[tuple[Tier, int], int] = {}  # steps run per (tier, batch size)
+        self._steps_at: dict[tuple[Tier, int], int] = {}  # steps run per (tier, size class)
+        self._classes: tuple[int, ...] = ()  # captured batch sizes, ascending (empty: every size its own class)
         # per tier: accepted drafts summed over every request of every credited step, and that request count
         self._lifetime: dict[Tier, list[int]] = {t: [0, 0] for t in self.tiers}
         self._steps = 0
+
+    def set_size_classes(self, sizes: Iterable[int] | None) -> None:
+        """Batch sizes run as one shape (a graph runner's captured sizes; None or empty: every size its own class).
+
+        A batch of ``B`` requests is priced at the smallest captured size ``>= B`` (the runner pads to it), or at ``B``
+        above the largest (it runs eager).  Set before the first step (costs already recorded keep their keys).
+        """
+        self._classes = tuple(sorted({int(b) for b in sizes or () if int(b) > 0}))
+
+    def size_class(self, batch_size: int) -> int:
+        """The batch size whose measured costs price a batch of ``batch_size`` (module docstring)."""
+        i = bisect.bisect_left(self._classes, batch_size)
+        return self._classes[i] if i < len(self._classes) else batch_size
 
     # -- estimates ----------------------------------------------------------------------------------------
     def alpha_bin(self, alpha: float | None) -> int | None:
@@ -205,8 +225,8 @@ class TierChooser:
         return expected
 
     def cost(self, tier: Tier, batch_size: int) -> float | None:
-        """Measured seconds per step of ``tier`` at ``batch_size`` (None until measured)."""
-        samples = self._cost.get((tier, batch_size))
+        """Measured seconds per step of ``tier`` at ``batch_size``'s size class (None until measured)."""
+        samples = self._cost.get((tier, self.size_class(batch_size)))
         return None if not samples else statistics.median_low(samples)
 
     def rate(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float | None:
@@ -243,7 +263,8 @@ class TierChooser:
                     tier = min(due, key=lambda t: (self._last_used[t], t))
                     self._probe = (self._steps, tier, batch_size, alpha)
         self._last_used[tier] = self._steps
-        self._steps_at[(tier, batch_size)] = self._steps_at.get((tier, batch_size), 0) + 1
+        key = (tier, self.size_class(batch_size))
+        self._steps_at[key] = self._steps_at.get(key, 0) + 1
         self._pending.append((self._steps, tier, b))
         return tier
 
@@ -265,11 +286,13 @@ class TierChooser:
             self._gap[tier] = min(2 * self._gap[tier], self.probe_backoff * self.probe_every)
 
     def record_cost(self, tier: Tier, batch_size: int, seconds: float) -> None:
-        """A measured step time of ``tier`` at ``batch_size`` (dropped while the tier is warming up)."""
+        """A measured step time of ``tier`` at ``batch_size`` (kept for its size class; dropped while the tier is warming
+        up)."""
         if self._unpriced[tier] > 0:
             self._unpriced[tier] -= 1
             return
-        self._cost.setdefault((tier, batch_size), deque(maxlen=self.cost_window)).append(seconds)
+        key = (tier, self.size_class(batch_size))
+        self._cost.setdefault(key, deque(maxlen=self.cost_window)).append(seconds)
 
     def record_overhead(self, seconds: float) -> None:
         """A measured gap between two consecutive decode steps (the runtime's work outside the forwards)."""
@@ -338,7 +361,7 @@ class TierChooser:
         It holds while a larger tier's cost relative to the smallest tier's does not fall as the batch grows (its
         extra verified tokens turn compute-bound first); ``bound_slack`` absorbs this CPU's row-count kinks.
         """
-        smaller = [bs for (t, bs) in self._cost if t == tier and bs < batch_size]
+        smaller = [bs for (t, bs) in self._cost if t == tier and bs < self.size_class(batch_size)]
         if not smaller or self.bound_slack >= 1.0:
             return None
         b = max(smaller)
@@ -361,7 +384,8 @@ class TierChooser:
     def summary(self) -> dict[str, dict[str, float | None]]:
         """Per tier: expected tokens per request (the chooser's current estimates: overall, and per alpha bin
         ``tokens@aB``), ``mean_tokens`` (tokens per request averaged over every request the tier ever served, None
-        before any; the off tier: 1.0), the measured cost (ms) at each batch size seen and the steps run there."""
+        before any; the off tier: 1.0), the measured cost (ms) at each size class seen (:meth:`size_class`: the batch size
+        itself without captured sizes) and the steps run there."""
         out: dict[str, dict[str, float | None]] = {}
         levels = self.acceptance != "per_tier"
         for t in self.tiers:

@@ -399,6 +399,76 @@ def test_skipping_never_hides_the_best_tier_of_a_batch_size(seed, slack):
         assert chooser.best(bs) == max(tiers, key=lambda t: true_rate(t, bs)), bs
 
 
+class PaddedDevice(SimDevice):
+    """A graph-replaying device: a batch runs padded to its next captured size (eager, at its own size, above the
+    largest), so a step costs what the padded batch costs."""
+
+    def __init__(self, cost, accepted, captured: list[int]) -> None:
+        super().__init__(cost, accepted)
+        self.captured = captured
+
+    def step(self, tier: Tier, bs: int) -> tuple[float, list[int]]:
+        padded = min([c for c in self.captured if c >= bs], default=bs)
+        seconds, _ = super().step(tier, padded)
+        return seconds, [self.accepted.get(tier, 0)] * bs
+
+
+def test_size_classes_are_the_next_captured_size_or_the_batch_itself():
+    chooser = TierChooser([OFF, BIG])
+    assert [chooser.size_class(b) for b in (1, 3, 16, 40)] == [1, 3, 16, 40]  # no captured sizes: each its own
+    chooser.set_size_classes([8, 1, 2, 4, 16, 4])
+    assert [chooser.size_class(b) for b in (1, 2, 3, 5, 8, 9, 16, 17, 40)] == [1, 2, 4, 8, 8, 16, 16, 17, 40]
+    chooser.set_size_classes(None)
+    assert chooser.size_class(3) == 3
+
+
+def test_batch_sizes_padded_to_one_graph_share_its_measured_cost():
+    """With captured sizes every batch of a class is priced by the class's steps: measured once per class (not once
+    per batch size), the rate still counting the batch's real requests."""
+    captured = [1, 2, 4, 8, 16]
+    dev = PaddedDevice({OFF: (0.050, 0.005), BIG: (0.080, 0.012)}, {BIG: 1}, captured)
+    sizes = list(range(1, 17))
+    runs = {}
+    for classes in (None, captured):
+        chooser = TierChooser([OFF, BIG], probe_every=0, bound_slack=1.0)  # slack 1: every tier at every new class
+        chooser.set_size_classes(classes)
+        runs[classes is None] = (chooser, _ramp(chooser, dev, sizes, steps=6))
+    bucketed, (t_bucketed, _) = runs[False]
+    exact, (t_exact, _) = runs[True]
+    assert {bs for (_, bs) in bucketed._cost} == set(captured)
+    assert {bs for (_, bs) in exact._cost} == set(sizes)
+    assert bucketed.cost(BIG, 13) == bucketed.cost(BIG, 16) == pytest.approx(0.080 + 0.012 * 16)
+    assert bucketed.rate(BIG, 13) == pytest.approx(13 * 2 / (0.080 + 0.012 * 16))
+    for bs in sizes:  # the same choice at every size, from a fraction of the measuring steps
+        assert bucketed.best(bs) == exact.best(bs)
+    assert t_bucketed < t_exact
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 100_000), slack=st.sampled_from([0.0, 0.1, 1.0]))
+def test_with_captured_sizes_the_choice_is_the_padded_devices_best(seed, slack):
+    """Oracle: on a device that pads to its captured sizes, the chooser told those sizes picks, at every batch size of
+    a random ramp, the tier with the highest true rate (real requests' tokens over the padded step's seconds)."""
+    rng = random.Random(seed)
+    tiers = [OFF, SMALL, BIG]
+    captured = sorted(rng.sample([1, 2, 3, 4, 6, 8, 12, 16, 24, 32], rng.randint(1, 6)))
+    base = {t: rng.uniform(0.02, 0.2) for t in tiers}
+    growth = sorted(rng.uniform(0.0, 0.3) for _ in tiers)
+    dev = PaddedDevice({t: (base[t], g * base[t]) for t, g in zip(tiers, growth)},
+                       {SMALL: rng.randint(0, 2), BIG: rng.randint(0, 4)}, captured)  # fmt: skip
+    sizes = sorted(rng.sample(range(1, 33), rng.randint(2, 8)))
+    chooser = TierChooser(tiers, probe_every=0, bound_slack=slack)  # with slack < 1 some classes skip some tiers
+    chooser.set_size_classes(captured)
+    _ramp(chooser, dev, sizes, steps=10)
+
+    def true_rate(t: Tier, bs: int) -> float:
+        seconds, acc = dev.step(t, bs)
+        return sum(1 + a for a in acc) / seconds
+
+    for bs in sizes:
+        assert chooser.best(bs) == max(tiers, key=lambda t: (true_rate(t, bs), -t.steps)), bs
+
+
 class _FakeEvent:
     """A CUDA event stand-in: completes when the test says so; times are set by the test (ms)."""
 

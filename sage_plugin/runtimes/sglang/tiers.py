@@ -81,6 +81,9 @@ class SageTierController(AdaptiveController):
 
     def init_states(self, cuda_graph_bs: list[int] | None = None) -> None:
         self.params.set_cuda_graph_bs(cuda_graph_bs)
+        # a captured decode step runs padded to its next captured batch size: price each such class once (None when
+        # SGLang captures no decode graphs, as on CPU: every batch size is measured on its own)
+        self.chooser.set_size_classes(cuda_graph_bs)
         for tier in self.chooser.tiers:
             if tier not in self._states:
                 self._states[tier] = self.worker.build_adaptive_runtime_state(

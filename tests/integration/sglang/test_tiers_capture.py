@@ -72,6 +72,8 @@ def test_controller_builds_every_tier_once_and_switches_by_tier():
     ctrl.register(_state(6, 11))  # what EAGLEWorkerV2.init_cuda_graphs registers first
     ctrl.init_states(cuda_graph_bs=[1, 2, 4])
     assert sorted(worker.built) == [(0, 1, [1, 2, 4]), (3, 5, [1, 2, 4]), (4, 8, [1, 2, 4])]
+    # the chooser prices a batch at the captured size SGLang's runners pad it to (3 requests run as 4)
+    assert [ctrl.chooser.size_class(b) for b in (1, 3, 4, 5)] == [1, 4, 4, 5]
     assert ctrl.active == Tier(6, 11) and worker.applied[-1] == (6, 11)
     # every tier is measured first at a new batch size (largest first), then the best rate wins
     seen = []
@@ -84,6 +86,13 @@ def test_controller_builds_every_tier_once_and_switches_by_tier():
     ctrl.activate_step_by_batch(2)  # rates: off 20, 3:5 2.5/0.12 -> 41.7, 4:8 3/0.13 -> 46.2, 6:11 4/0.3 -> 26.7
     assert ctrl.active == Tier(4, 8) and worker.applied[-1] == (4, 8)
     assert ctrl.switches == len(worker.applied) - 1  # the start-up activation is not a switch
+
+
+def test_without_captured_decode_graphs_every_batch_size_is_priced_on_its_own():
+    ctrl = SageTierController(RecordingWorker(4, 8), TierChooser(parse_tiers(TIERS), probe_every=0))
+    ctrl.register(_state(6, 11))
+    ctrl.init_states(cuda_graph_bs=None)  # what EAGLEWorkerV2.init_cuda_graphs passes with decode graphs disabled (CPU)
+    assert [ctrl.chooser.size_class(b) for b in (1, 3, 5)] == [1, 3, 5]
 
 
 def test_a_missing_tier_state_is_one_clear_error():
