@@ -342,6 +342,12 @@ def test_a_cold_first_step_does_not_price_a_tier_out():
 
 
 # -- the start-up measurement at a new batch size is skipped for a tier that cannot win there ----------------------
+def _true_rate(dev: SimDevice, tier: Tier, bs: int) -> float:
+    """The oracle: tokens per second of one step of ``tier`` at ``bs`` on ``dev`` (real requests over its seconds)."""
+    seconds, acc = dev.step(tier, bs)
+    return sum(1 + a for a in acc) / seconds
+
+
 def _ramp(chooser: TierChooser, dev: SimDevice, sizes: list[int], steps: int = 12) -> tuple[float, dict[int, list]]:
     """Serve ``steps`` steps at each batch size in turn; the device seconds spent and the tiers run per size."""
     seconds, chosen = 0.0, {}
@@ -390,13 +396,8 @@ def test_skipping_never_hides_the_best_tier_of_a_batch_size(seed, slack):
     sizes = sorted(rng.sample(range(1, 17), rng.randint(2, 8)))
     chooser = TierChooser(tiers, probe_every=0, bound_slack=slack)
     _ramp(chooser, dev, sizes, steps=10)
-
-    def true_rate(t: Tier, bs: int) -> float:
-        seconds, acc = dev.step(t, bs)
-        return sum(1 + a for a in acc) / seconds
-
     for bs in sizes:
-        assert chooser.best(bs) == max(tiers, key=lambda t: true_rate(t, bs)), bs
+        assert chooser.best(bs) == max(tiers, key=lambda t: _true_rate(dev, t, bs)), bs
 
 
 class PaddedDevice(SimDevice):
@@ -460,13 +461,8 @@ def test_with_captured_sizes_the_choice_is_the_padded_devices_best(seed, slack):
     chooser = TierChooser(tiers, probe_every=0, bound_slack=slack)  # with slack < 1 some classes skip some tiers
     chooser.set_size_classes(captured)
     _ramp(chooser, dev, sizes, steps=10)
-
-    def true_rate(t: Tier, bs: int) -> float:
-        seconds, acc = dev.step(t, bs)
-        return sum(1 + a for a in acc) / seconds
-
     for bs in sizes:
-        assert chooser.best(bs) == max(tiers, key=lambda t: (true_rate(t, bs), -t.steps)), bs
+        assert chooser.best(bs) == max(tiers, key=lambda t: (_true_rate(dev, t, bs), -t.steps)), bs
 
 
 class _FakeEvent:
