@@ -26,6 +26,7 @@ layers, norms and head alone).  FlashAttention-2 through PyTorch, not FA3 / Flas
 Usage (repository root, CUDA torch; nothing else)::
 
     python tools/gpu_verify_cost.py --out results/                  # writes gpu_verify_cost.json, prints tables
+    python tools/gpu_verify_cost.py --report docs/measurements/gpu_verify_cost_h200.json   # tables + break-even
     python tools/gpu_verify_cost.py --device cpu --tiny --out /tmp/x   # plumbing dry run, no GPU, no graph
 
 Not a test: CI has no GPU (``tests/unit/test_gpu_verify_cost.py`` runs the dry run).
@@ -266,7 +267,10 @@ def markdown(curve: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, help="where gpu_verify_cost.json goes (measure)")
+    ap.add_argument("--report", type=Path, help="print a saved run's tables and break-even accept lengths, no timing")
+    ap.add_argument("--tiers", default="1,2;2,4;4,8;6,16;8,32", help="with --report: steps,tokens;...")
+    ap.add_argument("--topk", type=int, default=8, help="with --report: the beam's width")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (plumbing dry run)")
     ap.add_argument("--context", type=int, default=1024)
@@ -274,6 +278,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--models", default="qwen2.5-7b,smollm2-135m")
     args = ap.parse_args(argv)
+    if args.report:
+        res = json.loads(args.report.read_text())
+        tiers = [tuple(int(v) for v in t.split(",")) for t in args.tiers.split(";")]
+        print_tables(res)
+        for m in res["decode"]:
+            if f"{m}-eagle3" in res["draft"]:
+                print(
+                    f"\n{m}: accept length a step must reach to match the decode step\n"
+                    + break_even(res, m, tiers, args.topk)
+                )
+        return 0
+    if args.out is None:
+        ap.error("--out is required to measure")
     batches = (1, 2, 4) if args.tiny else (1, 2, 4, 8, 16, 32)
     tokens = (1, 2, 4) if args.tiny else (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
     rows = (1, 8) if args.tiny else (1, 8, 16, 32, 64, 128, 256)
@@ -284,8 +301,11 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "context": args.context, "reps": args.reps,
         "shapes": {m: asdict(MODELS[m]) for m in models}, "verify": {}, "draft": {},
     }  # fmt: skip
+    res["decode"] = {}
     for m in models:
         res["verify"][m] = verify_curve(m, batches, tokens, args.context, args.device, args.reps)
+        one = verify_curve(m, batches, (1,), args.context, args.device, args.reps, "mask")
+        res["decode"][m] = {b: row[1] for b, row in one.items()}
         head = f"{m}-eagle3"
         if head in MODELS:
             res["shapes"][head] = asdict(MODELS[head])
@@ -301,10 +321,35 @@ def main(argv: list[str] | None = None) -> int:
     res["seconds"] = round(time.time() - t0, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_verify_cost.json").write_text(json.dumps(res, indent=1))
+    print_tables(res)
+    return 0
+
+
+def print_tables(res: dict) -> None:
     for key in ("verify", "verify_context_4096", "verify_attention_mask", "verify_attention_none"):
         for m, curve in res.get(key, {}).items():
             print(f"\n{key} {m}, ms (x one token)\n" + markdown(curve))
-    return 0
+
+
+def break_even(res: dict, model: str, tiers: list[tuple[int, int]], topk: int) -> str:
+    """Markdown: per batch, the decode step's ms and, per tier ``[s, N]``, the accept length (tokens a request gains
+    per step, bonus included) at which the step costs what that many decode steps do.  A step is priced as one draft
+    step on the batch's roots, ``s - 1`` on ``batch x topk`` rows, the verify of ``N`` tokens, and a draft extend
+    priced as one draft step on ``batch x N`` rows; draft steps on more rows than measured scale linearly."""
+    draft = {int(r): ms for r, ms in res["draft"][f"{model}-eagle3"].items()}
+
+    def step(rows: int) -> float:
+        fits = [r for r in sorted(draft) if r >= rows]
+        return draft[fits[0]] if fits else draft[max(draft)] * rows / max(draft)
+
+    lines = ["| batch | decode ms | " + " | ".join(f"`[{s}, {n}]`" for s, n in tiers) + " |"]
+    lines.append("|---" * (len(tiers) + 2) + "|")
+    for b, plain in res["decode"][model].items():
+        verify = res["verify"][model][b]
+        bi = int(b)
+        cells = [(step(bi) + (s - 1) * step(bi * topk) + verify[str(n)] + step(bi * n)) / plain for s, n in tiers]
+        lines.append(f"| {b} | {plain:.2f} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

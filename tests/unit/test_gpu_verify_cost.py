@@ -28,6 +28,23 @@ def test_dry_run_writes_every_shape(tmp_path):
     assert set(res["verify"]["tiny"]) == {"1", "2", "4"}
     assert all(set(row) == {"1", "2", "4"} and min(row.values()) > 0 for row in res["verify"]["tiny"].values())
     assert set(res["draft"]["tiny-eagle3"]) == {"1", "8"}
+    assert set(res["decode"]["tiny"]) == {"1", "2", "4"}
+    report = [sys.executable, str(repo / "tools" / "gpu_verify_cost.py"), "--report", str(tmp_path / "gpu_verify_cost.json"),
+              "--tiers", "1,2;2,4", "--topk", "2"]  # fmt: skip
+    out = subprocess.run(report, check=True, capture_output=True, text=True, timeout=60).stdout
+    assert "| batch | decode ms | `[1, 2]` | `[2, 4]` |" in out
+
+
+def test_break_even_prices_a_step_from_its_parts():
+    """``[2, 4]`` at batch 2, topk 3: a draft step on 2 rows, one on 6, the verify of 4, an extend on 8 (scaled)."""
+    mod = _load()
+    res = {
+        "decode": {"tiny": {"2": 10.0}},
+        "verify": {"tiny": {"2": {"4": 12.0}}},
+        "draft": {"tiny-eagle3": {"2": 1.0, "4": 2.0}},
+    }
+    want = (1.0 + 2.0 * 6 / 4 + 12.0 + 2.0 * 8 / 4) / 10.0
+    assert mod.break_even(res, "tiny", [(2, 4)], 3).splitlines()[-1] == f"| 2 | 10.00 | {want:.2f} |"
 
 
 def test_forward_matches_a_naive_decoder_with_the_kv_cache():
