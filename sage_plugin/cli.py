@@ -145,7 +145,9 @@ def _serving_parser(sub) -> None:
     p.add_argument("--methods", default="plain,sage", help="comma list of plain, sage, standalone (SGLang's chain "
                    "with the same draft), standalone-tree (SGLang's STANDALONE at SAGE's sizes), sage-single (SAGE without "
                    "--sage-tiers), eagle3 (SGLang's EAGLE-3 static tree), eagle3-adaptive (SGLang's "
-                   "--speculative-adaptive EAGLE-3), sage-eagle3 (SAGE over the EAGLE-3 head)")  # fmt: skip
+                   "--speculative-adaptive EAGLE-3), sage-eagle3 (SAGE over the EAGLE-3 head), and variants "
+                   "NAME=METHOD:field=value,... of the SAGE methods (SageConfig fields, e.g. "
+                   "ragged=sage:ragged_verify=true)")  # fmt: skip
     p.add_argument("--eagle3-head", default=None, help="EAGLE-3 head of the eagle3 methods (default: the bundled "
                    "SmolLM2 head)")  # fmt: skip
     p.add_argument("--eagle3-config", default="engine_configs/sglang/smollm2_cpu_sage_eagle3.yaml",
@@ -164,6 +166,7 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
         parse_urls,
         run_serving_bench,
         serving_requests,
+        serving_variants,
         write_serving_plot,
     )
     from .data.prompts import load_prompt_file, load_prompts, mixed_text_prompts
@@ -198,7 +201,7 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, requests=serving_requests(prompts, target),
         methods=methods, eagle3=eagle3.resolve() if eagle3 else None, eagle3_config=Path(args.eagle3_config).resolve(),
         urls=urls, warmup=args.warmup, load=args.load, stream_per_slot=args.stream_per_slot,
-        length_ratio=args.length_range_ratio,
+        length_ratio=args.length_range_ratio, variants=serving_variants(args.methods),
     )  # fmt: skip
     report["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
     report["prompts"] = args.prompts or args.datasets

@@ -153,6 +153,10 @@ class SageConfig:
     # the off tier's target forward runs as SGLang's DECODE forward instead of a one-node TARGET_VERIFY (CPU; same
     # tokens, slots and logits; docs/sglang.md, "The speculation-off tier as a DECODE forward")
     tier_off_decode: bool = True
+    # a drafted tier's verify computes only the nodes whose draft path probability reaches the tier chooser's
+    # break-even (TierChooser.row_threshold, from the measured step costs at the batch size); greedy batches on CPU
+    # (docs/sglang.md, "A ragged verify")
+    ragged_verify: bool = False
     # keep SGLang's overlap scheduler on a CPU server (it is on by default on GPUs); off by default on CPU, where it
     # served 3-7% slower than without (docs/sglang.md, "Overlap scheduling"); on, the CPU runs the GPU's code path
     cpu_overlap: bool = False
@@ -233,6 +237,7 @@ class SageConfig:
         _choice("tier_acceptance", self.tier_acceptance, ACCEPTANCE_MODELS)
         _int_in("tier_off_lag", self.tier_off_lag, 0, 1024)
         _bool("tier_off_decode", self.tier_off_decode)
+        _bool("ragged_verify", self.ragged_verify)
         _bool("cpu_overlap", self.cpu_overlap)
         _bool("lookahead", self.lookahead)
         _bool("price_level_host", self.price_level_host)

@@ -25,6 +25,7 @@ driver the launch environment gets the user-space libcuda that ``tools/setup_sgl
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import time
@@ -34,14 +35,15 @@ from typing import Any, Callable
 
 import yaml
 
-from ..config import ConfigError
+from ..config import ConfigError, SageConfig
 from ..data.prompts import Prompt, image_data_url, multimodal_messages, render_chat
 from ..models import load_tokenizer
+from ..runtimes.sglang.args import flag_name
 from .servers import SERVER_START_TIMEOUT_S, HttpServer, RemoteServer, Server, parallel, parse_urls
 
 __all__ = [
     "SERVER_START_TIMEOUT_S", "SERVING_METHODS", "RemoteServer", "Server", "format_table", "method_args", "parallel",
-    "parse_serving_methods", "parse_urls", "plain_flags", "run_serving_bench", "serving_requests",
+    "parse_serving_methods", "parse_urls", "serving_variants", "plain_flags", "run_serving_bench", "serving_requests",
     "write_serving_plot",
 ]  # fmt: skip
 
@@ -111,18 +113,88 @@ _NEEDS_EAGLE3 = ("eagle3", "eagle3-adaptive", "sage-eagle3")
 _SIZE_KEYS = ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens")
 
 
+#: the methods a ``NAME=METHOD:field=value,...`` variant may start from (SAGE servers: the options are SAGE flags)
+_VARIANT_BASES = ("sage", "sage-single", "sage-eagle3")
+
+
+def _split_top(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets (``tiers=[[0,1],[1,2]]`` stays one item)."""
+    items, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [*items, cur]
+
+
+def _entries(text: str) -> list[str]:
+    """``--methods`` split at commas, a bare ``field=value`` continuing the variant before it."""
+    entries: list[str] = []
+    for item in (i.strip() for i in _split_top(text)):
+        if entries and "=" in item and ":" not in item and "=" in entries[-1].split(":", 1)[0]:
+            entries[-1] += "," + item
+        elif item:
+            entries.append(item)
+    return entries
+
+
+def serving_variants(text: str) -> dict[str, tuple[str, list[str]]]:
+    """The ``NAME=METHOD:field=value,...`` entries of ``--methods``: ``{NAME: (METHOD, extra launch flags)}``.
+
+    ``METHOD`` is a SAGE server method (``sage``, ``sage-single``, ``sage-eagle3``) and each ``field`` a
+    :class:`~sage_plugin.config.SageConfig` field, passed as its ``--sage-`` flag after the method's own flags (so it
+    wins over the ``--config`` YAML) and validated before any server starts.  Example: ``--methods
+    plain,sage,ragged=sage:ragged_verify=true`` benches the SAGE server with and without a ragged verify in one run.
+    """
+    out: dict[str, tuple[str, list[str]]] = {}
+    for entry in _entries(text):
+        head, _, options = entry.partition(":")
+        if "=" not in head:
+            continue
+        name, base = (s.strip() for s in head.split("=", 1))
+        if base not in _VARIANT_BASES or not name:
+            raise ConfigError(f"--methods {entry!r}: a variant is NAME=METHOD:field=value,... with METHOD one of "
+                              f"{', '.join(_VARIANT_BASES)}")  # fmt: skip
+        values = {}
+        for item in filter(None, _split_top(options)):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError(f"--methods {entry!r}: option {item!r} must be field=value")
+            values[key.strip()] = yaml.safe_load(value)
+        SageConfig.from_mapping(values)  # one clear error naming a bad field or value, before any server starts
+        flags = [arg for key, value in values.items() for arg in (flag_name(key), _flag_value(value))]
+        out[name] = (base, flags)
+    return out
+
+
+def _flag_value(value: object) -> str:
+    return (
+        json.dumps(value)
+        if isinstance(value, (list, tuple))
+        else str(value).lower()
+        if isinstance(value, bool)
+        else str(value)
+    )
+
+
 def parse_serving_methods(text: str, eagle3: Path | None = None, urls: dict[str, str] | None = None) -> list[str]:
-    """``--methods``: known names, ``plain`` first (added if missing: every output is compared with it), then the
-    ``--url`` names not listed (each a running server benched under its name).
+    """``--methods``: known names and ``NAME=METHOD:field=value,...`` variants (:func:`serving_variants`), ``plain``
+    first (added if missing: every output is compared with it), then the ``--url`` names not listed (each a running
+    server benched under its name).
 
     The EAGLE-3 methods need ``eagle3``, a trained head for the target (``--eagle3-head``), unless ``urls`` gives a
     running server for them.
     """
     urls = urls or {}
-    names = [m.strip() for m in text.split(",") if m.strip()]
-    for m in names:
-        if m in urls:
+    variants = serving_variants(text)
+    names = [e.split("=", 1)[0].strip() if "=" in e.split(":", 1)[0] else e for e in _entries(text)]
+    for name in names:
+        if name in urls:
             continue
+        m = variants[name][0] if name in variants else name
         if m in _NEEDS_EAGLE3 and eagle3 is None:
             raise ConfigError(f"--methods {m}: needs a trained EAGLE-3 head for the target (--eagle3-head DIR; a "
                               "random head would only prove the plumbing, not speed)")  # fmt: skip
@@ -263,8 +335,10 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
                       methods: list[str] = ("plain", "sage"), eagle3: Path | None = None,
                       eagle3_config: Path | None = None, urls: dict[str, str] | None = None,
                       warmup: int = 1, load: str = "batch", stream_per_slot: int = 4,
-                      length_ratio: float = 1.0) -> dict[str, Any]:  # fmt: skip
-    """Launch one server per method (all at once; a method in ``urls`` is that running server instead), measure
+                      length_ratio: float = 1.0,
+                      variants: dict[str, tuple[str, list[str]]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Launch one server per method (all at once; a method in ``urls`` is that running server instead; a name in
+    ``variants`` is its method's server with the extra flags, :func:`serving_variants`), measure
     every batch size ``repeats`` times, stop the servers it launched.
 
     Before the measured batches of each batch size every server serves ``warmup`` unmeasured batches of that size
@@ -304,7 +378,8 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
             if m == "standalone-tree" and "sage" in servers:  # SGLang's STANDALONE at the SAGE server's sizes
                 sinfo = servers["sage"].get("/server_info")
                 sizes = {k: sinfo[k.replace("-", "_")] for k in _SIZE_KEYS}
-            argv = method_args(m, config, target, draft, sizes, eagle3, eagle3_config)
+            base, extra = (variants or {}).get(m, (m, []))
+            argv = method_args(base, config, target, draft, sizes, eagle3, eagle3_config) + extra
             servers[m] = Server(argv, env, log_dir / f"{m}.log")
         for server in servers.values():  # warm-up: first requests pay one-off costs
             parallel(lambda r, s=server: s.post("/generate", _payload(r, 8)), requests[:2])
@@ -327,7 +402,7 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
         info = {m: st.get("speculative_algorithm") for m, st in states.items()}
         # SAGE servers' own state at the end (per tier: steps run, expected tokens, measured cost per batch size)
         sage_state = {m: (st.get("internal_states") or [{}])[0].get("sage") for m, st in states.items()
-                      if m.startswith("sage")}  # fmt: skip
+                      if (variants or {}).get(m, (m,))[0].startswith("sage")}  # fmt: skip
     finally:
         for server in servers.values():
             server.stop()

@@ -371,6 +371,24 @@ class TierChooser:
             bound *= max(1.0, ref_now / ref_then)
         return (1.0 - self.bound_slack) * bound
 
+    def row_threshold(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float:
+        """The draft path probability below which verifying one more node of ``tier`` costs the batch more than it
+        returns (a ragged verify, ``ragged_verify``); 0 while anything it needs is unmeasured.
+
+        A step of ``tier`` costs ``C`` where the off tier costs ``C0``; spread over the ``N - 1`` nodes each of the
+        ``B`` requests verifies, one node costs ``m = (C - C0) / (B (N - 1))`` seconds (an upper bound: ``C - C0``
+        also holds the draft's work).  The batch earns ``B tau / C`` tokens a second (``tau`` the tier's expected
+        tokens), and a node earns its acceptance probability ``p`` tokens, so it pays when ``p / m >= B tau / C``:
+        ``p >= (C - C0) tau / ((N - 1) C)``.  Batch 16, ``[1, 2]`` at 140.5 ms, off 101.5 ms, 1.53 tokens: 0.42.
+        """
+        off = next((t for t in self.tiers if t.off), None)
+        if tier.off or off is None or tier.draft_tokens < 2:
+            return 0.0
+        c, c0, tau = self.cost(tier, batch_size), self.cost(off, batch_size), self.expected_tokens(tier, alpha)
+        if c is None or c0 is None or tau is None or c <= c0:
+            return 0.0
+        return min(1.0, (c - c0) * tau / ((tier.draft_tokens - 1) * c))
+
     def _can_win(self, tier: Tier, batch_size: int, alpha: float | None) -> bool:
         """Whether ``tier``'s best possible rate at ``batch_size`` (its expected tokens at ``alpha`` over
         :meth:`cost_bound`) exceeds the best rate measured there; True when either side is unknown."""

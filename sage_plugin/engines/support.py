@@ -26,6 +26,7 @@ _NOT_READ = {
     "tier_acceptance": _NO_TIERS,
     "tier_off_lag": _NO_TIERS,
     "tier_off_decode": _NO_TIERS,
+    "ragged_verify": _NO_TIERS,
     "tier_alpha_bins": _NO_TIERS,
     "cpu_overlap": "one process, no scheduler to overlap",
     "tp_sync": "one process, no tensor-parallel ranks",

@@ -29,6 +29,7 @@ OTHER_VALUES: dict[str, list] = {
     "tier_acceptance": ["pooled", "per_tier"],
     "tier_off_lag": [16, 1, 1024],
     "tier_off_decode": [False],
+    "ragged_verify": [True],
     "cpu_overlap": [True],
     "lookahead": [False],
     "cpu_draft_dtype": ["float32"],

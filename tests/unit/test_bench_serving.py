@@ -14,6 +14,7 @@ from sage_plugin.bench.serving import (
     method_args,
     parse_serving_methods,
     plain_flags,
+    serving_variants,
     write_serving_plot,
 )
 from sage_plugin.config import ConfigError
@@ -394,3 +395,18 @@ def test_bad_length_range_is_refused_before_any_request(tmp_path, fakes):
         with pytest.raises(ConfigError, match="--length-range-ratio must be in"):
             _load_bench(tmp_path, plain, sage, "stream", length_ratio=ratio)
     assert plain.requests == [] and sage.requests == []
+
+
+def test_variants_are_sage_servers_with_extra_sage_flags():
+    text = "sage,ragged=sage:ragged_verify=true,tier_probe_every=4,one=sage-single:tiers=[[0,1],[1,2]]"
+    assert parse_serving_methods(text) == ["plain", "sage", "ragged", "one"]
+    assert serving_variants(text) == {
+        "ragged": ("sage", ["--sage-ragged-verify", "true", "--sage-tier-probe-every", "4"]),
+        "one": ("sage-single", ["--sage-tiers", "[[0, 1], [1, 2]]"]),
+    }
+    with pytest.raises(ConfigError, match="ragged_verify"):
+        serving_variants("bad=sage:ragged_verify=maybe")
+    with pytest.raises(ConfigError, match="variant"):
+        serving_variants("bad=standalone:ragged_verify=true")
+    with pytest.raises(ConfigError, match="distinct"):
+        parse_serving_methods("sage,sage=sage:ragged_verify=true")

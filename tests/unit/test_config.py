@@ -36,6 +36,7 @@ BAD_VALUES: dict[str, list] = {
     "tier_acceptance": ["pool", "", None],
     "tier_off_lag": [-1, 1025, 2.5, "16", None],
     "tier_off_decode": [1, "true", None],
+    "ragged_verify": [1, "true", None],
     "cpu_overlap": [1, "yes", None],
     "lookahead": [0, "no", None],
     "cpu_draft_dtype": ["fp16", "bf16", None],

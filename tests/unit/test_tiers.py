@@ -548,3 +548,20 @@ def test_host_scalar_lag_range():
 
     with pytest.raises(ValueError, match="fixed_lag"):
         HostScalar("cpu", fixed_lag=4)
+
+
+def test_row_threshold_is_the_break_even_acceptance_of_one_more_verified_node():
+    chooser = TierChooser([OFF, SMALL], probe_every=0, unpriced_first=0)
+    assert chooser.row_threshold(SMALL, 16) == 0.0  # nothing measured: verify every node
+    chooser.record_cost(OFF, 16, 0.100)
+    chooser.record_cost(SMALL, 16, 0.160)
+    assert chooser.row_threshold(SMALL, 16) == 0.0  # no acceptance yet
+    chooser.choose(16)
+    chooser.observe([1, 0])  # SMALL measured first: 1.5 tokens a request
+    # one node of the 3 each request verifies costs (0.160 - 0.100) / (16 * 3) s; the batch earns 16 * 1.5 / 0.160
+    # tokens a second: a node pays at p >= 0.06 * 1.5 / (3 * 0.16)
+    assert chooser.row_threshold(SMALL, 16) == pytest.approx(0.06 * 1.5 / (3 * 0.16))
+    assert chooser.row_threshold(OFF, 16) == 0.0 and chooser.row_threshold(SMALL, 8) == 0.0
+    chooser.record_cost(SMALL, 4, 0.09)
+    chooser.record_cost(OFF, 4, 0.10)
+    assert chooser.row_threshold(SMALL, 4) == 0.0  # cheaper than the off step: every node is free

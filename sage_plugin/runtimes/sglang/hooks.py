@@ -1,5 +1,5 @@
-"""The only place SAGE patches SGLang: eleven ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
-CPU linear layers, CPU tensor parallelism, CPU overlap scheduling).
+"""The only place SAGE patches SGLang: twelve ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
+CPU linear layers, CPU tensor parallelism, CPU overlap scheduling, the CPU ragged verify's lengths).
 
 SGLang 0.5.23 has no API for plugin-owned command-line flags (``docs/sglang.md``, "Flags"),
 so the plugin wraps the two functions of its parse path.  Each hook has an entry in ``patches/INDEX.md``;
@@ -55,6 +55,10 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
   overlap scheduler's row gather of the speculative relay buffers, a Triton kernel upstream, runs in torch for CPU
   tensors, so speculative serving on CPU can keep SGLang's overlap scheduler.
 
+* :func:`amx_extend_metadata` (AROUND ``IntelAMXAttnBackend._build_extend_metadata``): a ragged verify's target
+  forward (``ragged.py``, ``ragged_verify``) runs its live rows with per-request extend lengths and the live blocks of
+  the tree mask, which it carries on the forward batch; upstream's uniform TARGET_VERIFY lengths otherwise.
+
 Hooks are registered by :func:`install_hooks` (from ``register()``) and applied by SGLang's
 ``load_plugins()`` after every plugin ran.  Hook functions here import nothing from SGLang.
 """
@@ -83,6 +87,7 @@ __all__ = [
     "verify_uses_greedy",
     "init_model_parallel_group",
     "gather_spec_extras",
+    "amx_extend_metadata",
 ]
 
 logger = logging.getLogger(__name__)
@@ -100,6 +105,7 @@ REPORT_DECODE_STATS = (
     "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter.report_decode_stats"
 )
 COMPUTE_LM_HEAD = "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head"
+AMX_EXTEND_METADATA = "sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend._build_extend_metadata"
 UNQUANTIZED_LINEAR = "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply"
 INIT_MODEL_PARALLEL_GROUP = "sglang.srt.distributed.parallel_state.init_model_parallel_group"
 GATHER_SPEC_EXTRAS = "sglang.kernels.ops.speculative.gather_spec_extras.gather_spec_extras"
@@ -160,6 +166,8 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
         section["tiers"] = tiers.chooser.summary()
         section["tier_switches"] = tiers.switches
         section["off_decode_steps"] = worker.sage_off_decode_steps  # --sage-tier-off-decode (offstep.py)
+        steps, rows, drafted = worker.sage_ragged_rows  # --sage-ragged-verify (ragged.py)
+        section["ragged_verify"] = {"steps": steps, "rows": rows, "rows_drafted": drafted}
     if getattr(draft, "sage_tp", None) is not None:  # --tp-size > 1: steps whose tree came from rank 0 (tp_sync)
         section["tp_tree_syncs"] = draft.sage_tp_syncs
     lag = getattr(draft, "sage_lag", None)
@@ -305,6 +313,19 @@ def gather_spec_extras(
     return tuple(None if b is None else b.index_select(0, idx) for b in bufs)
 
 
+def amx_extend_metadata(original: Callable[..., Any], self: Any, forward_batch: Any) -> Any:
+    """AROUND ``IntelAMXAttnBackend._build_extend_metadata(self, forward_batch)``: a ragged verify's TARGET_VERIFY batch
+    (``ragged.py``) carries its own ``(seq_lens, extend_seq_lens, extend_start_loc, tree_mask)`` as its verify
+    input's ``sage_ragged``;
+    upstream derives uniform lengths from ``spec_info.draft_token_num`` for every TARGET_VERIFY batch, and its eager
+    runner re-plans target verify batches every time, so the lengths are handed over here.  Every other batch:
+    upstream's."""
+    ragged = (
+        getattr(forward_batch.spec_info, "sage_ragged", None) if forward_batch.forward_mode.is_target_verify() else None
+    )
+    return original(self, forward_batch) if ragged is None else ragged
+
+
 def _sage_draft_worker(scheduler: Any) -> Any:
     draft = getattr(getattr(scheduler, "draft_worker", None), "_draft_worker", None)
     return draft if draft is not None and hasattr(draft, "sage_stats") else None
@@ -347,6 +368,7 @@ HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = (
     (UNQUANTIZED_LINEAR, unquantized_linear),
     (INIT_MODEL_PARALLEL_GROUP, init_model_parallel_group),
     (GATHER_SPEC_EXTRAS, gather_spec_extras),
+    (AMX_EXTEND_METADATA, amx_extend_metadata),
 )
 HOOK_TARGETS: tuple[str, ...] = tuple(target for target, _ in HOOKS)
 

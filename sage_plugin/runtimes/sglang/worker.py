@@ -52,7 +52,7 @@ from .draft_weights import DraftHeadRows, rank_head_ids, store_draft_linears
 from .hooks import ACTIVE_SELECTION
 from .lag import DraftLag
 from .meta import SageRoundDevice
-from .offstep import DecodeVerifyTarget
+from .ragged import verify_target
 from .selection import STAT_FIELDS, BeamSelection, DraftCounters, planned_draft
 from .tiers import RankZeroTimes, SageTierController, TierSwitchLogFilter
 from .tpsync import sync_due, sync_verify_input
@@ -89,14 +89,15 @@ class SageDraftMixin(EagleDraftWorkerBase):
             return
         slots = int(self.req_to_token_pool.size) + 1
         self.sage_slots = SlotState(self.sage_cfg, slots, self.device)
-        self.sage_selection = BeamSelection(self.sage_cfg, self.topk, slots, self.device)
+        tiers = parse_tiers(self.sage_cfg.tiers) if self.sage_cfg.tiers else ()
+        one = getattr(self, "speculative_num_draft_tokens", self.sage_cfg.max_tree_nodes + 1)
+        widest = max((t.draft_tokens for t in tiers), default=one)  # the most tokens a step verifies
+        self.sage_selection = BeamSelection(self.sage_cfg, self.topk, slots, self.device, max_nodes=widest - 1)
         self.sage_counters = DraftCounters(slots, self.device)  # slots >= the largest batch (one slot a request)
         pin = torch.device(self.device).type == "cuda"
         self._stats_host = torch.zeros(len(STAT_FIELDS), dtype=torch.float64, pin_memory=pin)
-        tiers = parse_tiers(self.sage_cfg.tiers) if self.sage_cfg.tiers else ()
         cpu = torch.device(self.device).type == "cpu"  # on CUDA the off tier's extend is a captured graph
         if self.sage_cfg.tier_off_lag and self.sage_lags_ok and cpu and any(t.steps == 0 for t in tiers):
-            widest = max(t.draft_tokens for t in tiers)
             self.sage_lag = DraftLag(self.sage_cfg.tier_off_lag, slots, widest, self.device)
 
     def init_lm_head(self) -> None:
@@ -322,6 +323,9 @@ class SageWorkerMixin:
         self._sage_last_end: float | None = None
         self._sage_off_decode = bool(cfg.tiers) and cfg.tier_off_decode and torch.device(self.device).type == "cpu"
         self.sage_off_decode_steps = 0  # off steps whose verify forward ran in DECODE mode (GET /server_info)
+        cpu_one_rank = torch.device(self.device).type == "cpu" and get_tp_group().world_size == 1
+        self._sage_ragged = bool(cfg.tiers) and cfg.ragged_verify and cpu_one_rank
+        self.sage_ragged_rows = [0, 0, 0]  # ragged verify: steps, rows computed, rows drafted (GET /server_info)
         if self._draft_worker is not None:  # None on pipeline stages that host no draft
             self._draft_worker.__class__ = self.sage_draft_cls
             self._draft_worker.init_sage(cfg)
@@ -353,17 +357,15 @@ class SageWorkerMixin:
         super().apply_runtime_state(state)
 
     def verify(self, batch: Any, pp_proxy_tensors: Any = None, grammar_barrier: Any = None):
-        """Upstream's verify; at the off tier on CPU (``tier_off_decode``) its one forward runs in DECODE mode
-        (``offstep.py``)."""
-        if self._sage_off_decode and self.speculative_num_steps == 0 and not batch.forward_mode.is_idle():
-            self.sage_off_decode_steps += 1
-            target = self._target_worker
-            self._target_worker = DecodeVerifyTarget(target)
-            try:
-                return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
-            finally:
-                self._target_worker = target
-        return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
+        """Upstream's verify, its one target forward through :func:`.ragged.verify_target` (in DECODE mode at the off
+        tier on CPU, ``tier_off_decode``; on the nodes that pay only under ``ragged_verify``)."""
+        target = self._target_worker
+        if not batch.forward_mode.is_idle():
+            self._target_worker = verify_target(self, target, batch)
+        try:
+            return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
+        finally:
+            self._target_worker = target
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch

@@ -47,6 +47,7 @@ _TIERS = {
     "tier_acceptance": "no tiers",
     "tier_off_lag": "no tiers",
     "tier_off_decode": "no tiers",
+    "ragged_verify": "no tiers",
     "tier_alpha_bins": "no tiers",
     "cpu_overlap": "TensorRT-LLM's own disable_overlap_scheduler decides (the drafter needs it off)",
     "tp_sync": "the drafter proposes one chain for every rank",

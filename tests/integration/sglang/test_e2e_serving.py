@@ -217,13 +217,14 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
     states and runs (a probe every 2 steps cycles them); outputs stay token-identical to plain serving, the KV pool
     returns to its start, and the server reports each tier's steps, expected tokens and measured cost.  The server
     keeps SGLang's overlap scheduler (``--sage-cpu-overlap true``: the path GPU servers take, the tier chooser's
-    feedback a step late) where the module's default server runs without it."""
+    feedback a step late) where the module's default server runs without it, and verifies ragged
+    (``--sage-ragged-verify true``: nodes below the chooser's break-even are neither computed nor accepted)."""
     plain, _ = servers
     tiers = [[0, 1], [1, 2], [3, 5], [6, 11]]
     server = Server(["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
                      "--speculative-draft-model-path", str(_draft_dir(target_dir)),
                      "--sage-tiers", str(tiers), "--sage-tier-probe-every", "2", "--sage-tier-off-lag", "8",
-                     "--sage-cpu-overlap", "true"],
+                     "--sage-cpu-overlap", "true", "--sage-ragged-verify", "true"],
                     launch_env, tmp_path / "tiers.log")  # fmt: skip
     try:
         assert server.get("/server_info")["disable_overlap_schedule"] is False
@@ -263,6 +264,9 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
     assert sage["off_lag"]["skipped_extends"] > 0 and sage["off_lag"]["catch_ups"] > 0, sage
     # every off step's verify forward ran as a DECODE forward (tier_off_decode, offstep.py)
     assert sage["off_decode_steps"] == report["0:1"]["steps"], sage
+    # drafted steps verified ragged, some rows dropped (ragged.py)
+    ragged = sage["ragged_verify"]
+    assert ragged["steps"] > 0 and 0 < ragged["rows"] < ragged["rows_drafted"], sage
     assert sage["kv_available_tokens"] == kv0, (sage, kv0)
     log = (tmp_path / "tiers.log").read_text()
     assert "Built adaptive runtime state steps=0" in log and "Switch adaptive runtime state" not in log
