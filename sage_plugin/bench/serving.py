@@ -25,7 +25,6 @@ driver the launch environment gets the user-space libcuda that ``tools/setup_sgl
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import time
@@ -35,11 +34,11 @@ from typing import Any, Callable
 
 import yaml
 
-from ..config import ConfigError, SageConfig
+from ..config import ConfigError
 from ..data.prompts import Prompt, image_data_url, multimodal_messages, render_chat
 from ..models import load_tokenizer
-from ..runtimes.sglang.args import flag_name
 from .servers import SERVER_START_TIMEOUT_S, HttpServer, RemoteServer, Server, parallel, parse_urls
+from .variants import method_entries, serving_variants
 
 __all__ = [
     "SERVER_START_TIMEOUT_S", "SERVING_METHODS", "RemoteServer", "Server", "format_table", "method_args", "parallel",
@@ -113,73 +112,6 @@ _NEEDS_EAGLE3 = ("eagle3", "eagle3-adaptive", "sage-eagle3")
 _SIZE_KEYS = ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens")
 
 
-#: the methods a ``NAME=METHOD:field=value,...`` variant may start from (SAGE servers: the options are SAGE flags)
-_VARIANT_BASES = ("sage", "sage-single", "sage-eagle3")
-
-
-def _split_top(text: str) -> list[str]:
-    """``text`` split at the commas outside brackets (``tiers=[[0,1],[1,2]]`` stays one item)."""
-    items, depth, cur = [], 0, ""
-    for ch in text:
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    return [*items, cur]
-
-
-def _entries(text: str) -> list[str]:
-    """``--methods`` split at commas, a bare ``field=value`` continuing the variant before it."""
-    entries: list[str] = []
-    for item in (i.strip() for i in _split_top(text)):
-        if entries and "=" in item and ":" not in item and "=" in entries[-1].split(":", 1)[0]:
-            entries[-1] += "," + item
-        elif item:
-            entries.append(item)
-    return entries
-
-
-def serving_variants(text: str) -> dict[str, tuple[str, list[str]]]:
-    """The ``NAME=METHOD:field=value,...`` entries of ``--methods``: ``{NAME: (METHOD, extra launch flags)}``.
-
-    ``METHOD`` is a SAGE server method (``sage``, ``sage-single``, ``sage-eagle3``) and each ``field`` a
-    :class:`~sage_plugin.config.SageConfig` field, passed as its ``--sage-`` flag after the method's own flags (so it
-    wins over the ``--config`` YAML) and validated before any server starts.  Example: ``--methods
-    plain,sage,ragged=sage:ragged_verify=true`` benches the SAGE server with and without a ragged verify in one run.
-    """
-    out: dict[str, tuple[str, list[str]]] = {}
-    for entry in _entries(text):
-        head, _, options = entry.partition(":")
-        if "=" not in head:
-            continue
-        name, base = (s.strip() for s in head.split("=", 1))
-        if base not in _VARIANT_BASES or not name:
-            raise ConfigError(f"--methods {entry!r}: a variant is NAME=METHOD:field=value,... with METHOD one of "
-                              f"{', '.join(_VARIANT_BASES)}")  # fmt: skip
-        values = {}
-        for item in filter(None, _split_top(options)):
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise ConfigError(f"--methods {entry!r}: option {item!r} must be field=value")
-            values[key.strip()] = yaml.safe_load(value)
-        SageConfig.from_mapping(values)  # one clear error naming a bad field or value, before any server starts
-        flags = [arg for key, value in values.items() for arg in (flag_name(key), _flag_value(value))]
-        out[name] = (base, flags)
-    return out
-
-
-def _flag_value(value: object) -> str:
-    return (
-        json.dumps(value)
-        if isinstance(value, (list, tuple))
-        else str(value).lower()
-        if isinstance(value, bool)
-        else str(value)
-    )
-
-
 def parse_serving_methods(text: str, eagle3: Path | None = None, urls: dict[str, str] | None = None) -> list[str]:
     """``--methods``: known names and ``NAME=METHOD:field=value,...`` variants (:func:`serving_variants`), ``plain``
     first (added if missing: every output is compared with it), then the ``--url`` names not listed (each a running
@@ -190,7 +122,7 @@ def parse_serving_methods(text: str, eagle3: Path | None = None, urls: dict[str,
     """
     urls = urls or {}
     variants = serving_variants(text)
-    names = [e.split("=", 1)[0].strip() if "=" in e.split(":", 1)[0] else e for e in _entries(text)]
+    names = [e.split("=", 1)[0].strip() if "=" in e.split(":", 1)[0] else e for e in method_entries(text)]
     for name in names:
         if name in urls:
             continue

@@ -18,6 +18,7 @@ from sage_plugin.compat import SGLANG_VERSION  # noqa: E402
 from sage_plugin.runtimes.sglang.hooks import (  # noqa: E402
     ADD_CLI_ARGS,
     ADD_SPECULATIVE_STATE,
+    AMX_EXTEND_METADATA,
     COMPUTE_LM_HEAD,
     FROM_CLI_ARGS,
     GATHER_SPEC_EXTRAS,
@@ -44,6 +45,7 @@ HOOK_SHAPES = {
     COMPUTE_LM_HEAD: (None, ["self", "hidden_states", "lm_head", "embedding_bias", "out"]),
     UNQUANTIZED_LINEAR: (None, ["self", "layer", "x", "bias"]),
     GATHER_SPEC_EXTRAS: (None, ["indices", "topk_p_buf", "topk_index_buf", "output_tokens_buf", "hidden_states_buf"]),
+    AMX_EXTEND_METADATA: (None, ["self", "forward_batch"]),
     INIT_MODEL_PARALLEL_GROUP: (
         None,
         [
@@ -73,6 +75,7 @@ USED_SYMBOLS = [
     "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.from_string",
     "sglang.srt.speculative.spec_registry.CustomSpecAlgo",
     "sglang.srt.managers.overlap_utils.FutureMap",
+    "sglang.srt.speculative.eagle_info.EagleVerifyInput.tree_topk",  # ragged.py: a chain's verify has no tree mask
     "sglang.srt.utils.common.is_cpu",
     "sglang.srt.layers.quantization.unquant.UnquantizedEmbeddingMethod",  # compute_lm_head's plain-head test
     # cpu_draft_dtype (draft_weights.py) tells layers apart by these class names
