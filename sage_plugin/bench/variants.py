@@ -6,12 +6,10 @@
 
 from __future__ import annotations
 
-import json
-
 import yaml
 
 from ..config import ConfigError, SageConfig
-from ..runtimes.sglang.args import flag_name
+from ..runtimes.sglang.args import flag_name, flag_value
 
 __all__ = ["method_entries", "serving_variants"]
 
@@ -67,16 +65,6 @@ def serving_variants(text: str) -> dict[str, tuple[str, list[str]]]:
                 raise ConfigError(f"--methods {entry!r}: option {item!r} must be field=value")
             values[key.strip()] = yaml.safe_load(value)
         SageConfig.from_mapping(values)  # one clear error naming a bad field or value, before any server starts
-        flags = [arg for key, value in values.items() for arg in (flag_name(key), _flag_value(value))]
+        flags = [arg for key, value in values.items() for arg in (flag_name(key), flag_value(value))]
         out[name] = (base, flags)
     return out
-
-
-def _flag_value(value: object) -> str:
-    return (
-        json.dumps(value)
-        if isinstance(value, (list, tuple))
-        else str(value).lower()
-        if isinstance(value, bool)
-        else str(value)
-    )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 #: field -> every valid non-default value worth trying (each alone, the rest at their defaults)
 OTHER_VALUES: dict[str, list] = {
     "policy": ["eagle2", "static", "chain", "topn"],
@@ -81,12 +79,3 @@ SELECTION_SWITCHES: dict[str, tuple] = dict(
     budget_order=("best_first", "parent_order"),
     rerank_pool=("beam", "children", "kept"),
 )
-
-
-def flag_value(value) -> list[str]:
-    """The command-line spelling of a value (``--sage-*`` flags)."""
-    if isinstance(value, bool):
-        return [str(value).lower()]
-    if isinstance(value, tuple):
-        return [json.dumps([list(p) for p in value])]
-    return [str(value)]

@@ -84,6 +84,19 @@ def flag_name(field_name: str) -> str:
     return "--sage-" + field_name.replace("_", "-")
 
 
+def flag_value(value: Any) -> str:
+    """The command-line spelling of a SageConfig value (what :attr:`SageFlag.parse` reads back).
+
+    >>> flag_value(True), flag_value(0.25), flag_value(((0, 1), (1, 2)))
+    ('true', '0.25', '[[0, 1], [1, 2]]')
+    """
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return json.dumps(value)
+    return str(value)
+
+
 def _parse_bool(text: str) -> bool:
     value = text.strip().lower()
     if value in ("true", "1", "yes", "on"):

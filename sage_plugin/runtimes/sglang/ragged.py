@@ -151,13 +151,14 @@ def ragged_target(target: Any, batch: Any, tiers: Any, selection: Any, counts: l
         counts: ``[steps, rows computed, rows drafted]``, added to (``GET /server_info``).
     """
     spec = batch.spec_info
-    if selection is None or tiers.active is None or not batch.sampling_info.is_all_greedy or batch.has_grammar:
+    scores = None if selection is None else selection.node_scores
+    if scores is None or tiers.active is None or not batch.sampling_info.is_all_greedy or batch.has_grammar:
         return None
     bs, n = spec.retrieve_next_token.shape
     threshold = tiers.chooser.row_threshold(tiers.active, bs, tiers.alpha)
-    if threshold <= 0.0 or n < 2 or n - 1 > selection.node_scores.shape[1]:
+    if threshold <= 0.0 or n < 2 or n - 1 > scores.shape[1]:
         return None
-    live = live_rows(selection.node_scores[:bs, : n - 1], threshold)
+    live = live_rows(scores[:bs, : n - 1], threshold)
     nt, ns, live = unlink(spec.retrieve_next_token, spec.retrieve_next_sibling, live)
     kept = int(live.sum())
     counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + kept, counts[2] + bs * n

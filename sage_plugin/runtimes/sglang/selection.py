@@ -35,17 +35,18 @@ class BeamSelection:
 
     ``depth``/``width``/``first`` are persistent ``[max_bs]`` buffers written by :func:`planned_draft`; a call reads
     the first ``bs`` rows (the batch's, in row order) and writes the rows' SAGE-shaped node counts into ``shaped``
-    and the beam's path scores of the nodes it chose, in their verify order, into ``node_scores [max_bs, max_nodes]``
-    (what a ragged verify drops nodes by, ``ragged.py``).
+    and, with ``max_nodes`` > 0 (a ragged verify can run, ``ragged.py``), the beam's path scores of the nodes it chose,
+    in their verify order, into ``node_scores [max_bs, max_nodes]`` (what the ragged verify drops nodes by; None and
+    not written otherwise).
     """
 
-    def __init__(self, cfg: SageConfig, topk: int, max_bs: int, device: torch.device | str, max_nodes: int = 1) -> None:
+    def __init__(self, cfg: SageConfig, topk: int, max_bs: int, device: torch.device | str, max_nodes: int = 0) -> None:
         self.cfg, self.topk = cfg, topk
         self.depth = torch.ones(max_bs, dtype=torch.int64, device=device)
         self.width = torch.ones(max_bs, dtype=torch.int64, device=device)
         self.shaped = torch.zeros(max_bs, dtype=torch.int64, device=device)
         self.first = torch.zeros(max_bs, dtype=torch.bool, device=device)  # first round: the static tree
-        self.node_scores = torch.zeros(max_bs, max(1, max_nodes), dtype=torch.float32, device=device)
+        self.node_scores = torch.zeros(max_bs, max_nodes, dtype=torch.float32, device=device) if max_nodes > 0 else None
 
     def load(self, shape: RoundShape) -> None:
         """Write a round's plan (``[bs]`` depth, width, first round) into the first ``bs`` rows of the buffers."""
@@ -69,8 +70,9 @@ class BeamSelection:
         static_first = self.first[:bs] if self.cfg.first_round_static else None
         sel = select_shaped(cands, self.depth[:bs], self.width[:bs], num_draft_token - 1, self.cfg, static_first)
         self.shaped[:bs].copy_(sel.shaped)
-        n = min(sel.index.shape[1], self.node_scores.shape[1])
-        self.node_scores[:bs, :n].copy_(scores.gather(1, sel.index[:, :n]))
+        if self.node_scores is not None:
+            n = min(sel.index.shape[1], self.node_scores.shape[1])
+            self.node_scores[:bs, :n].copy_(scores.gather(1, sel.index[:, :n]))
         return parent_list, sel.index, tokens.gather(1, sel.index)
 
 

@@ -90,13 +90,13 @@ class SageDraftMixin(EagleDraftWorkerBase):
         slots = int(self.req_to_token_pool.size) + 1
         self.sage_slots = SlotState(self.sage_cfg, slots, self.device)
         tiers = parse_tiers(self.sage_cfg.tiers) if self.sage_cfg.tiers else ()
-        one = getattr(self, "speculative_num_draft_tokens", self.sage_cfg.max_tree_nodes + 1)
-        widest = max((t.draft_tokens for t in tiers), default=one)  # the most tokens a step verifies
-        self.sage_selection = BeamSelection(self.sage_cfg, self.topk, slots, self.device, max_nodes=widest - 1)
+        widest = max((t.draft_tokens for t in tiers), default=1)  # the most tokens a tier verifies
+        cpu = torch.device(self.device).type == "cpu"  # on CUDA the off tier's extend is a captured graph
+        scored = widest - 1 if self.sage_cfg.ragged_verify and cpu else 0  # node scores for a ragged verify
+        self.sage_selection = BeamSelection(self.sage_cfg, self.topk, slots, self.device, max_nodes=scored)
         self.sage_counters = DraftCounters(slots, self.device)  # slots >= the largest batch (one slot a request)
         pin = torch.device(self.device).type == "cuda"
         self._stats_host = torch.zeros(len(STAT_FIELDS), dtype=torch.float64, pin_memory=pin)
-        cpu = torch.device(self.device).type == "cpu"  # on CUDA the off tier's extend is a captured graph
         if self.sage_cfg.tier_off_lag and self.sage_lags_ok and cpu and any(t.steps == 0 for t in tiers):
             self.sage_lag = DraftLag(self.sage_cfg.tier_off_lag, slots, widest, self.device)
 

@@ -25,10 +25,10 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 from sage_plugin.config import ConfigError, SageConfig  # noqa: E402
 from sage_plugin.runtimes.sglang.algo import validate_server_args  # noqa: E402
-from sage_plugin.runtimes.sglang.args import FLAGS, SageCliArgs, flag_name, sage_config_of  # noqa: E402
+from sage_plugin.runtimes.sglang.args import FLAGS, SageCliArgs, flag_name, flag_value, sage_config_of  # noqa: E402
 from sage_plugin.runtimes.sglang.support import SGLANG_SUPPORT  # noqa: E402
 
-from ...unit.config_cases import OTHER_VALUES, flag_value  # noqa: E402
+from ...unit.config_cases import OTHER_VALUES  # noqa: E402
 
 CASES = [(name, value) for name, values in OTHER_VALUES.items() for value in values]
 
@@ -460,7 +460,7 @@ def test_every_field_is_honoured_or_refused_at_launch(tmp_path, field, value):
     """The launch accepts what SAGE's SGLang worker honours and refuses the rest, naming the flag."""
     draft = write(tmp_path, "config.json", json.dumps({"architectures": ["LlamaForCausalLM"]})).parent
     entry = SGLANG_SUPPORT.honours.get(field)
-    sa = record(flag_name(field), *flag_value(value), base=[*BASE[:-1], str(draft)])
+    sa = record(flag_name(field), flag_value(value), base=[*BASE[:-1], str(draft)])
     if entry is not None and (entry.values is None or value in entry.values):
         validate(sa)
         assert getattr(sage_config_of(sa), field) == value
