@@ -146,8 +146,8 @@ def _serving_parser(sub) -> None:
                    "with the same draft), standalone-tree (SGLang's STANDALONE at SAGE's sizes), sage-single (SAGE without "
                    "--sage-tiers), eagle3 (SGLang's EAGLE-3 static tree), eagle3-adaptive (SGLang's "
                    "--speculative-adaptive EAGLE-3), sage-eagle3 (SAGE over the EAGLE-3 head), and variants "
-                   "NAME=METHOD:field=value,... of the SAGE methods (SageConfig fields, e.g. "
-                   "ragged=sage:ragged_verify=true)")  # fmt: skip
+                   "NAME=METHOD:option=value,...: SageConfig fields on the SAGE methods (ragged=sage:ragged_verify=true), "
+                   "SGLang flags on any (pd=plain:--min-free-slots-delay=4)")  # fmt: skip
     p.add_argument("--eagle3-head", default=None, help="EAGLE-3 head of the eagle3 methods (default: the bundled "
                    "SmolLM2 head)")  # fmt: skip
     p.add_argument("--eagle3-config", default="engine_configs/sglang/smollm2_cpu_sage_eagle3.yaml",
@@ -161,6 +161,7 @@ def _serving_parser(sub) -> None:
 
 def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
     from .bench.serving import (
+        SERVING_METHODS,
         format_table,
         parse_serving_methods,
         parse_urls,
@@ -201,7 +202,7 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, requests=serving_requests(prompts, target),
         methods=methods, eagle3=eagle3.resolve() if eagle3 else None, eagle3_config=Path(args.eagle3_config).resolve(),
         urls=urls, warmup=args.warmup, load=args.load, stream_per_slot=args.stream_per_slot,
-        length_ratio=args.length_range_ratio, variants=serving_variants(args.methods),
+        length_ratio=args.length_range_ratio, variants=serving_variants(args.methods, SERVING_METHODS),
     )  # fmt: skip
     report["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
     report["prompts"] = args.prompts or args.datasets

@@ -113,7 +113,7 @@ _SIZE_KEYS = ("speculative-num-steps", "speculative-eagle-topk", "speculative-nu
 
 
 def parse_serving_methods(text: str, eagle3: Path | None = None, urls: dict[str, str] | None = None) -> list[str]:
-    """``--methods``: known names and ``NAME=METHOD:field=value,...`` variants (:func:`serving_variants`), ``plain``
+    """``--methods``: known names and ``NAME=METHOD:option=value,...`` variants (:func:`serving_variants`), ``plain``
     first (added if missing: every output is compared with it), then the ``--url`` names not listed (each a running
     server benched under its name).
 
@@ -121,7 +121,7 @@ def parse_serving_methods(text: str, eagle3: Path | None = None, urls: dict[str,
     running server for them.
     """
     urls = urls or {}
-    variants = serving_variants(text)
+    variants = serving_variants(text, SERVING_METHODS)
     names = [e.split("=", 1)[0].strip() if "=" in e.split(":", 1)[0] else e for e in method_entries(text)]
     for name in names:
         if name in urls:

@@ -1,10 +1,15 @@
-"""``sage bench-serving --methods`` variants: ``NAME=METHOD:field=value,...``, a SAGE server with extra SAGE flags.
+"""``sage bench-serving --methods`` variants: ``NAME=METHOD:option=value,...``, a method's server with extra flags.
 
 ``--methods plain,sage,ragged=sage:ragged_verify=true`` launches the SAGE server twice, the second time with
 ``--sage-ragged-verify true``, so an A/B of one SAGE option runs in one command with every server launched alike.
+An option spelled as an SGLang flag (``--min-free-slots-delay=4``) is passed to the server as it is, on any method:
+``--methods plain,sage,pd=plain:--min-free-slots-delay=4,sd=sage:--min-free-slots-delay=4`` A/Bs a scheduler flag
+on both sides.
 """
 
 from __future__ import annotations
+
+import re
 
 import yaml
 
@@ -13,8 +18,9 @@ from ..runtimes.sglang.args import flag_name, flag_value
 
 __all__ = ["method_entries", "serving_variants"]
 
-#: the methods a ``NAME=METHOD:field=value,...`` variant may start from (SAGE servers: the options are SAGE flags)
-_VARIANT_BASES = ("sage", "sage-single", "sage-eagle3")
+#: the methods whose variants may set SageConfig fields (SAGE servers); SGLang flags go with any method
+_SAGE_BASES = ("sage", "sage-single", "sage-eagle3")
+_SGLANG_FLAG = re.compile(r"--[a-z0-9][a-z0-9-]*")
 
 
 def _split_top(text: str) -> list[str]:
@@ -41,12 +47,14 @@ def method_entries(text: str) -> list[str]:
     return entries
 
 
-def serving_variants(text: str) -> dict[str, tuple[str, list[str]]]:
-    """The ``NAME=METHOD:field=value,...`` entries of ``--methods``: ``{NAME: (METHOD, extra launch flags)}``.
+def serving_variants(text: str, methods: tuple[str, ...]) -> dict[str, tuple[str, list[str]]]:
+    """The ``NAME=METHOD:option=value,...`` entries of ``--methods``: ``{NAME: (METHOD, extra launch flags)}``.
 
-    ``METHOD`` is a SAGE server method (``sage``, ``sage-single``, ``sage-eagle3``) and each ``field`` a
-    :class:`~sage_plugin.config.SageConfig` field, passed as its ``--sage-`` flag after the method's own flags (so it
-    wins over the ``--config`` YAML) and validated before any server starts.  Example: ``--methods
+    ``METHOD`` is one of ``methods`` (the bench's method names).  An option is a
+    :class:`~sage_plugin.config.SageConfig` field (``METHOD`` a SAGE server: ``sage``, ``sage-single``,
+    ``sage-eagle3``), passed as its ``--sage-`` flag, or an SGLang flag ``--name=value`` (any method), passed as
+    ``--name value``; both come after the method's own flags, so they win over the ``--config`` YAML.  SAGE fields are
+    validated before any server starts (an SGLang flag by the server's own parser at launch).  Example: ``--methods
     plain,sage,ragged=sage:ragged_verify=true`` benches the SAGE server with and without a ragged verify in one run.
     """
     out: dict[str, tuple[str, list[str]]] = {}
@@ -55,16 +63,24 @@ def serving_variants(text: str) -> dict[str, tuple[str, list[str]]]:
         if "=" not in head:
             continue
         name, base = (s.strip() for s in head.split("=", 1))
-        if base not in _VARIANT_BASES or not name:
-            raise ConfigError(f"--methods {entry!r}: a variant is NAME=METHOD:field=value,... with METHOD one of "
-                              f"{', '.join(_VARIANT_BASES)}")  # fmt: skip
-        values = {}
+        if base not in methods or not name:
+            raise ConfigError(f"--methods {entry!r}: a variant is NAME=METHOD:option=value,... with METHOD one of "
+                              f"{', '.join(methods)}")  # fmt: skip
+        values, server_flags = {}, []
         for item in filter(None, _split_top(options)):
-            key, sep, value = item.partition("=")
+            key, sep, value = (part.strip() for part in item.partition("="))
             if not sep:
-                raise ConfigError(f"--methods {entry!r}: option {item!r} must be field=value")
-            values[key.strip()] = yaml.safe_load(value)
+                raise ConfigError(f"--methods {entry!r}: option {item!r} must be field=value or --sglang-flag=value")
+            if key.startswith("-"):
+                if not _SGLANG_FLAG.fullmatch(key) or key.startswith("--sage-"):
+                    raise ConfigError(f"--methods {entry!r}: {key!r} is not an SGLang flag (SAGE options are "
+                                      "written as SageConfig fields: ragged_verify=true)")  # fmt: skip
+                server_flags += [key, value]
+            else:
+                values[key] = yaml.safe_load(value)
+        if values and base not in _SAGE_BASES:
+            raise ConfigError(f"--methods {entry!r}: SAGE options need a SAGE method ({', '.join(_SAGE_BASES)})")
         SageConfig.from_mapping(values)  # one clear error naming a bad field or value, before any server starts
         flags = [arg for key, value in values.items() for arg in (flag_name(key), flag_value(value))]
-        out[name] = (base, flags)
+        out[name] = (base, flags + server_flags)
     return out

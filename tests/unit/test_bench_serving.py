@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from sage_plugin.bench.serving import (
+    SERVING_METHODS,
     format_table,
     method_args,
     parse_serving_methods,
@@ -400,13 +401,29 @@ def test_bad_length_range_is_refused_before_any_request(tmp_path, fakes):
 def test_variants_are_sage_servers_with_extra_sage_flags():
     text = "sage,ragged=sage:ragged_verify=true,tier_probe_every=4,one=sage-single:tiers=[[0,1],[1,2]]"
     assert parse_serving_methods(text) == ["plain", "sage", "ragged", "one"]
-    assert serving_variants(text) == {
+    assert serving_variants(text, SERVING_METHODS) == {
         "ragged": ("sage", ["--sage-ragged-verify", "true", "--sage-tier-probe-every", "4"]),
         "one": ("sage-single", ["--sage-tiers", "[[0, 1], [1, 2]]"]),
     }
     with pytest.raises(ConfigError, match="ragged_verify"):
-        serving_variants("bad=sage:ragged_verify=maybe")
-    with pytest.raises(ConfigError, match="variant"):
-        serving_variants("bad=standalone:ragged_verify=true")
+        serving_variants("bad=sage:ragged_verify=maybe", SERVING_METHODS)
+    with pytest.raises(ConfigError, match="SAGE options need a SAGE method"):
+        serving_variants("bad=standalone:ragged_verify=true", SERVING_METHODS)
+    with pytest.raises(ConfigError, match="variant is NAME=METHOD"):
+        serving_variants("bad=nosuch:ragged_verify=true", SERVING_METHODS)
     with pytest.raises(ConfigError, match="distinct"):
         parse_serving_methods("sage,sage=sage:ragged_verify=true")
+
+
+def test_variants_pass_sglang_flags_on_any_method():
+    """An option spelled ``--flag=value`` is an SGLang server flag, for every method (plain included), after the
+    SAGE flags; a ``--sage-`` flag or a malformed one is refused (SAGE options are SageConfig fields)."""
+    text = "sage,pd=plain:--min-free-slots-delay=4,sd=sage:ragged_verify=true,--min-free-slots-delay=4"
+    assert parse_serving_methods(text) == ["plain", "sage", "pd", "sd"]
+    assert serving_variants(text, SERVING_METHODS) == {
+        "pd": ("plain", ["--min-free-slots-delay", "4"]),
+        "sd": ("sage", ["--sage-ragged-verify", "true", "--min-free-slots-delay", "4"]),
+    }
+    for bad in ("x=sage:--sage-ragged-verify=true", "x=plain:--Bad_Flag=1", "x=plain:-v=1"):
+        with pytest.raises(ConfigError, match="not an SGLang flag"):
+            serving_variants(bad, SERVING_METHODS)
