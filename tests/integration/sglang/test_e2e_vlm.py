@@ -175,8 +175,9 @@ def test_a_multimodal_draft_is_refused_before_the_server_starts(launch_env, tmp_
 
 def test_qwen2_5_vl_image_prompts_equal_plain(launch_env, target_dir, tmp_path):
     """Qwen2.5-VL with tiers (a probe every 2 steps cycles them): drafted steps and speculation-off steps, whose
-    forward runs as a DECODE forward (offstep.py) with the M-RoPE positions of the verify it replaces."""
-    tiers = ("--sage-tiers", "[[0, 1], [1, 2], [3, 4]]", "--sage-tier-probe-every", "2")
+    forward runs as a DECODE forward (offstep.py) with the M-RoPE positions of the verify it replaces; drafted steps
+    verify ragged (``--sage-ragged-verify``, off in the VLM configs: the live rows' M-RoPE positions, ragged.py)."""
+    tiers = ("--sage-tiers", "[[0, 1], [1, 2], [3, 4]]", "--sage-tier-probe-every", "2", "--sage-ragged-verify", "true")
     plain, sage = _start("qwen2_5_vl", launch_env, tmp_path, *tiers)
     try:
         msgs = [openai_messages(p) for p in load_prompts("vlm", 3)]
@@ -189,3 +190,5 @@ def test_qwen2_5_vl_image_prompts_equal_plain(launch_env, target_dir, tmp_path):
     assert [_answer(g) for g in got] == [_answer(r) for r in ref]
     state = info["internal_states"][0]["sage"]
     assert state["sage_rounds"] > 0 and state["off_decode_steps"] > 0, state
+    ragged = state["ragged_verify"]  # steps verified on their live rows only, some rows dropped
+    assert ragged["steps"] > 0 and 0 < ragged["rows"] < ragged["rows_drafted"], state
