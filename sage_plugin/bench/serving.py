@@ -38,7 +38,7 @@ from ..config import ConfigError
 from ..data.prompts import Prompt, image_data_url, multimodal_messages, render_chat
 from ..models import load_tokenizer
 from .servers import SERVER_START_TIMEOUT_S, HttpServer, RemoteServer, Server, parallel, parse_urls
-from .variants import method_entries, serving_variants
+from .variants import entry_name, method_entries, serving_variants
 
 __all__ = [
     "SERVER_START_TIMEOUT_S", "SERVING_METHODS", "RemoteServer", "Server", "format_table", "method_args", "parallel",
@@ -122,7 +122,7 @@ def parse_serving_methods(text: str, eagle3: Path | None = None, urls: dict[str,
     """
     urls = urls or {}
     variants = serving_variants(text, SERVING_METHODS)
-    names = [e.split("=", 1)[0].strip() if "=" in e.split(":", 1)[0] else e for e in method_entries(text)]
+    names = [entry_name(e) for e in method_entries(text)]
     for name in names:
         if name in urls:
             continue

@@ -16,7 +16,7 @@ import yaml
 from ..config import ConfigError, SageConfig
 from ..runtimes.sglang.args import flag_name, flag_value
 
-__all__ = ["method_entries", "serving_variants"]
+__all__ = ["entry_name", "method_entries", "serving_variants"]
 
 #: the methods whose variants may set SageConfig fields (SAGE servers); SGLang flags go with any method
 _SAGE_BASES = ("sage", "sage-single", "sage-eagle3")
@@ -47,6 +47,12 @@ def method_entries(text: str) -> list[str]:
     return entries
 
 
+def entry_name(entry: str) -> str:
+    """The method name an entry of :func:`method_entries` is benched under: ``NAME`` of a variant, else the entry."""
+    head = entry.partition(":")[0]
+    return head.split("=", 1)[0].strip() if "=" in head else entry
+
+
 def serving_variants(text: str, methods: tuple[str, ...]) -> dict[str, tuple[str, list[str]]]:
     """The ``NAME=METHOD:option=value,...`` entries of ``--methods``: ``{NAME: (METHOD, extra launch flags)}``.
 
@@ -62,7 +68,7 @@ def serving_variants(text: str, methods: tuple[str, ...]) -> dict[str, tuple[str
         head, _, options = entry.partition(":")
         if "=" not in head:
             continue
-        name, base = (s.strip() for s in head.split("=", 1))
+        name, base = entry_name(entry), head.split("=", 1)[1].strip()
         if base not in methods or not name:
             raise ConfigError(f"--methods {entry!r}: a variant is NAME=METHOD:option=value,... with METHOD one of "
                               f"{', '.join(methods)}")  # fmt: skip

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sage_plugin.runtimes.sglang.ragged import RaggedVerifyTarget, compact_mask, live_rows, unlink
+from sage_plugin.runtimes.sglang.ragged import RaggedVerifyTarget, compact_mask, live_rows, ragged_runs, unlink
 
 
 def _pointers(parents: list[int]) -> tuple[list[int], list[int]]:
@@ -118,3 +118,14 @@ def test_forward_runs_on_the_live_rows_and_scatters_back():
     logits = out.logits_output.next_token_logits
     assert logits.shape == (8, 2)
     assert logits[:, 0].tolist() == [10, 11, 0, 13, 14, 0, 0, 0]
+
+
+def test_a_ragged_verify_needs_the_flag_tiers_and_a_cpu():
+    """Without the flag, without tiers (no off-tier price to set the threshold) or on CUDA a server verifies every
+    node, and SGLang's tensor-parallel group is not consulted (the CPU, one-rank case runs in the e2e servers)."""
+    from sage_plugin.config import SageConfig
+
+    tiers = ((0, 1), (1, 2))
+    assert not ragged_runs(SageConfig(tiers=tiers), "cpu")
+    assert not ragged_runs(SageConfig(ragged_verify=True), "cpu")
+    assert not ragged_runs(SageConfig(ragged_verify=True, tiers=tiers), "cuda")

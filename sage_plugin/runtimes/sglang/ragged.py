@@ -34,7 +34,18 @@ from typing import Any
 
 import torch
 
-__all__ = ["RaggedVerifyTarget", "compact_mask", "live_rows", "ragged_target", "unlink", "verify_target"]
+__all__ = ["RaggedVerifyTarget", "compact_mask", "live_rows", "ragged_runs", "ragged_target", "unlink", "verify_target"]
+
+
+def ragged_runs(cfg: Any, device: Any) -> bool:
+    """Whether a server verifies ragged: ``ragged_verify`` with tiers (the threshold prices a node against the off
+    tier's measured step), on CPU, one tensor-parallel rank (module docstring).  The rank count is read from SGLang
+    only when the rest holds."""
+    if not (cfg.ragged_verify and cfg.tiers) or torch.device(device).type != "cpu":
+        return False
+    from sglang.srt.distributed import get_tp_group  # imports SGLang; the rest of this module does not
+
+    return get_tp_group().world_size == 1
 
 
 def live_rows(node_scores: torch.Tensor, threshold: float) -> torch.Tensor:

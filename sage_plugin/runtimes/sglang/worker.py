@@ -52,7 +52,7 @@ from .draft_weights import DraftHeadRows, rank_head_ids, store_draft_linears
 from .hooks import ACTIVE_SELECTION
 from .lag import DraftLag
 from .meta import SageRoundDevice
-from .ragged import verify_target
+from .ragged import ragged_runs, verify_target
 from .selection import STAT_FIELDS, BeamSelection, DraftCounters, planned_draft
 from .tiers import RankZeroTimes, SageTierController, TierSwitchLogFilter
 from .tpsync import sync_due, sync_verify_input
@@ -92,7 +92,8 @@ class SageDraftMixin(EagleDraftWorkerBase):
         tiers = parse_tiers(self.sage_cfg.tiers) if self.sage_cfg.tiers else ()
         widest = max((t.draft_tokens for t in tiers), default=1)  # the most tokens a tier verifies
         cpu = torch.device(self.device).type == "cpu"  # on CUDA the off tier's extend is a captured graph
-        scored = widest - 1 if self.sage_cfg.ragged_verify and cpu else 0  # node scores for a ragged verify
+        ragged = ragged_runs(self.sage_cfg, self.device)
+        scored = widest - 1 if ragged else 0  # the chosen nodes' path scores, for a ragged verify
         self.sage_selection = BeamSelection(self.sage_cfg, self.topk, slots, self.device, max_nodes=scored)
         self.sage_counters = DraftCounters(slots, self.device)  # slots >= the largest batch (one slot a request)
         pin = torch.device(self.device).type == "cuda"
@@ -323,8 +324,7 @@ class SageWorkerMixin:
         self._sage_last_end: float | None = None
         self._sage_off_decode = bool(cfg.tiers) and cfg.tier_off_decode and torch.device(self.device).type == "cpu"
         self.sage_off_decode_steps = 0  # off steps whose verify forward ran in DECODE mode (GET /server_info)
-        cpu_one_rank = torch.device(self.device).type == "cpu" and get_tp_group().world_size == 1
-        self._sage_ragged = bool(cfg.tiers) and cfg.ragged_verify and cpu_one_rank
+        self._sage_ragged = ragged_runs(cfg, self.device)
         self.sage_ragged_rows = [0, 0, 0]  # ragged verify: steps, rows computed, rows drafted (GET /server_info)
         if self._draft_worker is not None:  # None on pipeline stages that host no draft
             self._draft_worker.__class__ = self.sage_draft_cls
