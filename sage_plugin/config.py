@@ -137,6 +137,10 @@ class SageConfig:
     # a tier that loses its re-measurement waits twice as long for the next, up to this many tier_probe_every (1: no
     # back-off; every probe of a tier that cannot pay costs a whole step at its price)
     tier_probe_backoff: int = 8
+    # a probe backs its tier off only if the tier loses even at its fastest measured step and its expected tokens this
+    # many standard errors high (TierChooser.optimistic_rate): estimates from a few early steps cannot hold it out
+    # (0: every probe another tier out-rates backs off)
+    tier_probe_confidence: float = 1.0
     # acceptance of each tier kept per bin of the batch's mean alpha (0: one average per tier, alpha not used)
     tier_alpha_bins: int = 4
     # a tier is measured at a new batch size only if its rate could still beat the best measured there, its cost
@@ -232,6 +236,7 @@ class SageConfig:
         _validate_tiers(self.tiers)
         _int_in("tier_probe_every", self.tier_probe_every, 0, 1_000_000)
         _int_in("tier_probe_backoff", self.tier_probe_backoff, 1, 1024)
+        _float_in("tier_probe_confidence", self.tier_probe_confidence, 0.0, 10.0)
         _int_in("tier_alpha_bins", self.tier_alpha_bins, 0, 64)
         _float_in("tier_bound_slack", self.tier_bound_slack, 0.0, 1.0)
         _choice("tier_acceptance", self.tier_acceptance, ACCEPTANCE_MODELS)

@@ -7,17 +7,15 @@ plain decode step.  Inside a tier SAGE still shapes each request's tree (which `
 verified); the tier only bounds it.
 
 :class:`TierChooser` picks the tier of each step from host-side numbers only (no device tensor is read, no device
-sync).  The step timings are each process's own, so tensor-parallel ranks would agree on a tier only if they shared
-them: the SGLang adapter refuses tiers with ``--tp-size`` > 1.  The inputs:
+sync).  The step timings are each process's own, so tensor-parallel ranks agree on a tier only if they share them
+(the SGLang adapter feeds every rank rank 0's, ``RankZeroTimes``).  The inputs:
 
 * the batch size;
 * each tier's measured step cost at that batch size (seconds; the low median of the runtime's last ``cost_window``
-  step timings, which the runtime reports with :meth:`TierChooser.record_cost`: robust to a slow step now and then;
-  the first ``unpriced_first`` steps a tier ever runs are its warm-up and are not priced: allocations and
-  first-shape kernels made SGLang's first ``[6, 11]`` step on the 2-core CPU cost 3.4 s against 139 ms warm, and
-  a price like that kept the tier out until it was probed again), plus the runtime's per-step
-  overhead outside the forward passes (scheduling, result processing: :meth:`TierChooser.record_overhead`), which
-  every tier pays once per step;
+  step timings, :meth:`TierChooser.record_cost`: robust to a slow step now and then; the first ``unpriced_first``
+  steps a tier ever runs are its warm-up, not priced: SGLang's first ``[6, 11]`` step on the 2-core CPU cost 3.4 s
+  against 139 ms warm), plus the runtime's per-step overhead outside the forward passes (scheduling, result
+  processing: :meth:`TierChooser.record_overhead`), which every tier pays once per step;
 * each tier's expected tokens per request per step (1 + the mean accepted drafts, an exponential moving average
   fed from the accept counts the runtime already copies to the host, :meth:`TierChooser.observe`; exactly 1 for
   the off tier);
@@ -37,13 +35,11 @@ How the expected tokens are estimated (``acceptance``):
   ``1 .. min(a + 1, s)`` and passed levels ``1 .. a``), counts decaying by ``1 - 1 / memory`` per step so they
   follow the traffic, with a prior of half a pass in one reach.  A tier of ``s`` steps expects
   ``1 + sum_{j <= s} prod_{i <= j} h_i`` tokens.  A step at a shallow tier then informs the deep ones (the ``[1, 2]``
-  tier's steps tell how often level 1 is accepted) and a deep tier's rare probes need not carry its whole estimate:
-  replaying logged SGLang steps at batch 1 (``docs/sglang.md``, "The shipped tiers") the pooled model came within
-  2% of a chooser that knew the acceptance table in advance, the per-tier averages within 7%.  It assumes a level
-  is about as likely accepted whatever tier drafted it (tiers differ in how many siblings they verify), which held
-  while SAGE's shape chose the nodes and fails once the beam's most probable paths are verified (``rerank_pool:
-  beam``): a ``[1, 2]`` tier verifies one node, a ``[4, 8]`` tier seven, and the narrow tier's level-1 rejections
-  priced the wide one at 2.01 tokens a step where it served 2.68 (SGLang, EAGLE-3 head, ``docs/sglang.md``);
+  tier's steps tell how often level 1 is accepted; replayed SGLang steps at batch 1: within 2% of a chooser that
+  knew the acceptance table, per-tier averages within 7%, ``docs/sglang.md`` "The shipped tiers").  It assumes a
+  level is as likely accepted whatever tier drafted it, which fails once the beam's most probable paths are
+  verified (``rerank_pool: beam``: a ``[1, 2]`` tier verifies one node, ``[4, 8]`` seven; priced 2.01 tokens where
+  it served 2.68);
 * ``"width"``: the same level model, one per verify width: the tiers with the same ``draft_tokens`` share their
   level counts (a deeper beam of the same width adds only deep candidates, so its shallow levels pass alike), a
   group's counts decay by its own steps, and a width not yet run is measured first.
@@ -57,9 +53,13 @@ step against the off tier's 53-108).  A tier not chosen is
 re-measured (*probed*) once it has not run for its probe gap, so the estimates follow the traffic.  The gap starts
 at ``probe_every`` steps; a probe the tier loses (another tier still rates higher at that batch size once its
 feedback is in) doubles it, up to ``probe_backoff * probe_every``, and a tier that wins (probe or plain choice) is
-back to ``probe_every``.  A deep tier that cannot pay at a large batch costs several off steps per probe (SmolLM2 on
-the 2-core CPU, batch 8: 270 ms against 85 ms), so probing it every 16 steps alone cost about 14% of the time; the
-back-off bounds that while a change of traffic is still found within ``probe_backoff * probe_every`` steps.  Feedback may lag: the runtime calls
+back to ``probe_every``.  A deep tier that cannot pay at a large batch costs several off steps per probe (SmolLM2
+on the 2-core CPU, batch 8: 270 ms against 85 ms; probing it every 16 steps cost about 14% of the time); the
+back-off bounds that while a change of traffic is still found within ``probe_backoff * probe_every`` steps.  With
+``probe_confidence`` ``z`` > 0 a probe is lost only if the tier loses even at its :meth:`optimistic_rate` (its
+fastest step there, its tokens ``z`` standard errors high), so a few early steps cannot hold a tier out (SGLang,
+EAGLE-3 head: ``[3, 4]`` priced at batch 1 from its first steps at 196 ms and 1.27 tokens, against 132 ms and 1.90
+in another run, lost its probes and ran 7 times at batch 1 against 118).  Feedback may lag: the runtime calls
 :meth:`TierChooser.choose` when a step starts and :meth:`observe` when its accept counts reach the host, possibly
 after later steps started (overlap scheduling); observations are matched to steps in launch order.
 
@@ -127,6 +127,7 @@ class TierChooser:
         acceptance: ``"per_tier"`` (each tier's moving averages), ``"pooled"`` (one per-level model for all tiers)
             or ``"width"`` (one per verify width); module docstring.
         memory: with a level model, the steps (of its group) over which its counts decay by a factor ``e``.
+        probe_confidence: ``z`` of :meth:`optimistic_rate`, which a probe must lose at to back off (0: any loss).
     """
 
     def __init__(
@@ -141,6 +142,7 @@ class TierChooser:
         bound_slack: float = 0.1,
         acceptance: str = "per_tier",
         memory: int = 100,
+        probe_confidence: float = 0.0,
     ) -> None:
         if not tiers:
             raise ValueError("at least one tier")
@@ -151,8 +153,9 @@ class TierChooser:
         # level models: (group, alpha bin or None for all, level j) -> [requests that reached level j, of those
         # accepted there]; the group is None (pooled) or the tier's draft tokens (width)
         self._levels: dict[tuple[int | None, int | None, int], list[float]] = {}
-        if probe_backoff < 1:
-            raise ValueError("probe_backoff >= 1")
+        if probe_backoff < 1 or probe_confidence < 0:
+            raise ValueError("probe_backoff >= 1, probe_confidence >= 0")
+        self.probe_confidence = probe_confidence
         self.tiers = tuple(sorted(set(tiers)))
         self.probe_every = probe_every
         self.smoothing = smoothing
@@ -211,16 +214,18 @@ class TierChooser:
         """The level model ``tier`` shares: None (every tier, ``pooled``) or its verify width (``width``)."""
         return tier.draft_tokens if self.acceptance == "width" else None
 
-    def _pooled(self, tier: Tier, b: int | None) -> float | None:
+    def _pooled(self, tier: Tier, b: int | None, z: float = 0.0) -> float | None:
         """``1 + sum_{j <= steps} prod_{i <= j} h_i`` from the level counts of the tier's group and bin ``b`` (a level
-        the bin has not reached: all bins'); None before any request of the group reached level 1."""
+        the bin has not reached: all bins'); None before any request of the group reached level 1.  ``z`` > 0: each
+        ``h`` raised by ``z`` standard errors of a proportion, ``sqrt(h (1 - h) / (reached + 1))``, at most 1."""
         g = self._group(tier)
         if (g, None, 1) not in self._levels:
             return None
         expected = survive = 1.0
         for j in range(1, tier.steps + 1):
             reached, passed = self._levels.get((g, b, j)) or self._levels.get((g, None, j)) or (0.0, 0.0)
-            survive *= (passed + 0.5) / (reached + 1.0)
+            h = (passed + 0.5) / (reached + 1.0)
+            survive *= min(1.0, h + z * (h * (1.0 - h) / (reached + 1.0)) ** 0.5)
             expected += survive
         return expected
 
@@ -236,6 +241,22 @@ class TierChooser:
         if tokens is None or step is None or step <= 0.0:
             return None
         return batch_size * tokens / step
+
+    def optimistic_rate(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float | None:
+        """The rate ``tier`` could still have at ``batch_size``: its fastest measured step there (noise only slows a
+        step) and its expected tokens ``probe_confidence`` standard errors high (level models: per level;
+        ``per_tier``: the Bhatia-Davis bound ``acc (steps - acc)`` on the variance of a request's accepted drafts,
+        over the requests the tier served).  None while either is unmeasured."""
+        samples, z = self._cost.get((tier, self.size_class(batch_size))), self.probe_confidence
+        tokens = self.expected_tokens(tier, alpha)
+        if not samples or tokens is None:
+            return None
+        if not tier.off and self.acceptance != "per_tier":
+            tokens = self._pooled(tier, self.alpha_bin(alpha), z)
+        elif not tier.off:
+            acc, n = tokens - 1.0, max(self._lifetime[tier][1], 1)
+            tokens += z * (max(acc * (tier.steps - acc), 0.0) / n) ** 0.5
+        return batch_size * tokens / max(min(samples) + (self._overhead or 0.0), 1e-9)
 
     def best(self, batch_size: int, alpha: float | None = None) -> Tier | None:
         """The tier with the highest known rate at ``batch_size`` and mean alpha ``alpha`` (ties: fewer steps); None if
@@ -280,10 +301,16 @@ class TierChooser:
         if any(s == step for s, _, _ in self._pending):
             return
         self._probe = None
-        if self.best(bs, alpha) == tier:
+        best = self.best(bs, alpha)
+        if best == tier or (self.probe_confidence > 0 and self._could_win(tier, best, bs, alpha)):
             self._gap[tier] = self.probe_every
         else:
             self._gap[tier] = min(2 * self._gap[tier], self.probe_backoff * self.probe_every)
+
+    def _could_win(self, tier: Tier, best: Tier | None, batch_size: int, alpha: float | None) -> bool:
+        """Whether ``tier``'s :meth:`optimistic_rate` reaches ``best``'s rate (True when either is unknown)."""
+        opt, top = self.optimistic_rate(tier, batch_size, alpha), best and self.rate(best, batch_size, alpha)
+        return opt is None or top is None or opt >= top
 
     def record_cost(self, tier: Tier, batch_size: int, seconds: float) -> None:
         """A measured step time of ``tier`` at ``batch_size`` (kept for its size class; dropped while the tier is warming

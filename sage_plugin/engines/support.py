@@ -22,6 +22,7 @@ _NOT_READ = {
     "tiers": _NO_TIERS,
     "tier_probe_every": _NO_TIERS,
     "tier_probe_backoff": _NO_TIERS,
+    "tier_probe_confidence": _NO_TIERS,
     "tier_bound_slack": _NO_TIERS,
     "tier_acceptance": _NO_TIERS,
     "tier_off_lag": _NO_TIERS,

@@ -23,6 +23,7 @@ OTHER_VALUES: dict[str, list] = {
     "tiers": [((0, 1), (2, 5)), ((3, 8),)],
     "tier_probe_every": [4, 0],
     "tier_probe_backoff": [1, 64],
+    "tier_probe_confidence": [0.0, 2.5],
     "tier_bound_slack": [0.0, 1.0],
     "tier_acceptance": ["pooled", "per_tier"],
     "tier_off_lag": [16, 1, 1024],

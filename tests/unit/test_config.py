@@ -32,6 +32,7 @@ BAD_VALUES: dict[str, list] = {
     "tiers": [[[0, 2]], [[1, 1]], [[3, 5], [3, 5]], [[2, 4, 6]], [3, 5], "3:5"],
     "tier_probe_every": [-1, 1.5, "16", None],
     "tier_probe_backoff": [0, 1025, 2.5, "8", None],
+    "tier_probe_confidence": [-0.5, 10.5, "1", None],
     "tier_bound_slack": [-0.1, 1.5, "0.1", None],
     "tier_acceptance": ["pool", "", None],
     "tier_off_lag": [-1, 1025, 2.5, "16", None],

@@ -59,6 +59,7 @@ SGLANG_SUPPORT = RuntimeSupport(
         ),
         "tier_probe_every": _ALL,
         "tier_probe_backoff": _ALL,
+        "tier_probe_confidence": _ALL,
         "tier_bound_slack": _ALL,
         "tier_acceptance": _ALL,
         "tier_off_lag": Honoured(note="standalone drafts on CPU; EAGLE heads and CUDA run the off tier's draft extend"),

@@ -333,7 +333,8 @@ class SageWorkerMixin:
                 # built by EAGLEWorkerV2.init_cuda_graphs, chosen in forward_batch_generation, as --speculative-adaptive
                 chooser = TierChooser(parse_tiers(cfg.tiers), cfg.tier_probe_every, probe_backoff=cfg.tier_probe_backoff,
                                       alpha_bins=cfg.tier_alpha_bins, bound_slack=cfg.tier_bound_slack,
-                                      acceptance=cfg.tier_acceptance)  # fmt: skip
+                                      acceptance=cfg.tier_acceptance,
+                                      probe_confidence=cfg.tier_probe_confidence)  # fmt: skip
                 tp = get_tp_group()
                 shared = None
                 if tp.world_size > 1:  # every rank's chooser fed rank 0's timings: the same tier on every rank

@@ -43,6 +43,7 @@ _TIERS = {
     "tiers": "TensorRT-LLM's draft lengths are set by its own config (max_draft_len, max_total_draft_tokens)",
     "tier_probe_every": "no tiers",
     "tier_probe_backoff": "no tiers",
+    "tier_probe_confidence": "no tiers",
     "tier_bound_slack": "no tiers",
     "tier_acceptance": "no tiers",
     "tier_off_lag": "no tiers",
