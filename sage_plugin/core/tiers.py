@@ -294,7 +294,7 @@ class TierChooser:
         return self._gap[tier]
 
     def _judge_probe(self) -> None:
-        """Once the last probe's feedback is in (or was dropped): a loss doubles the tier's gap, a win resets it."""
+        """Once the last probe's feedback is in (or was dropped): a loss (at the optimistic rate) doubles the gap."""
         if self._probe is None:
             return
         step, tier, bs, alpha = self._probe
