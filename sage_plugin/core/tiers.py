@@ -200,15 +200,19 @@ class TierChooser:
             return None
         return calibration_bin(alpha, self.alpha_bins)
 
-    def expected_tokens(self, tier: Tier, alpha: float | None = None) -> float | None:
+    def expected_tokens(self, tier: Tier, alpha: float | None = None, z: float = 0.0) -> float | None:
         """Expected tokens per request per step under ``tier`` when the batch's mean alpha is ``alpha`` (None until
         observed; per_tier: a bin without a sample falls back to the tier's overall average; pooled and width:
-        :meth:`_pooled`; the off tier: 1)."""
+        :meth:`_pooled`; the off tier: 1).  ``z`` > 0: that many standard errors high (level models: per level;
+        per_tier: the Bhatia-Davis bound ``acc (steps - acc)`` on a request's variance, over the requests served)."""
         b = self.alpha_bin(alpha)
         if self.acceptance != "per_tier" and not tier.off:
-            return self._pooled(tier, b)
+            return self._pooled(tier, b, z)
         acc = self._accepted.get(tier) if b is None else self._accepted_bin.get((tier, b), self._accepted.get(tier))
-        return None if acc is None else 1.0 + acc
+        if acc is None:
+            return None
+        n = max(self._lifetime[tier][1], 1)
+        return 1.0 + acc + z * (max(acc * (tier.steps - acc), 0.0) / n) ** 0.5
 
     def _group(self, tier: Tier) -> int | None:
         """The level model ``tier`` shares: None (every tier, ``pooled``) or its verify width (``width``)."""
@@ -236,27 +240,21 @@ class TierChooser:
 
     def rate(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float | None:
         """Expected tokens per second of the whole batch (None while either estimate is missing)."""
-        tokens, cost = self.expected_tokens(tier, alpha), self.cost(tier, batch_size)
+        return self._per_second(batch_size, self.expected_tokens(tier, alpha), self.cost(tier, batch_size))
+
+    def optimistic_rate(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float | None:
+        """The rate ``tier`` could still have at ``batch_size``: its fastest measured step there (noise only slows a
+        step) and its expected tokens ``probe_confidence`` standard errors high.  None while either is unmeasured."""
+        samples = self._cost.get((tier, self.size_class(batch_size)))
+        tokens = self.expected_tokens(tier, alpha, self.probe_confidence)
+        return self._per_second(batch_size, tokens, min(samples) if samples else None)
+
+    def _per_second(self, batch_size: int, tokens: float | None, cost: float | None) -> float | None:
+        """``batch_size * tokens`` over a step of ``cost`` plus the per-step overhead (None if unknown or not > 0)."""
         step = None if cost is None else cost + (self._overhead or 0.0)
         if tokens is None or step is None or step <= 0.0:
             return None
         return batch_size * tokens / step
-
-    def optimistic_rate(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float | None:
-        """The rate ``tier`` could still have at ``batch_size``: its fastest measured step there (noise only slows a
-        step) and its expected tokens ``probe_confidence`` standard errors high (level models: per level;
-        ``per_tier``: the Bhatia-Davis bound ``acc (steps - acc)`` on the variance of a request's accepted drafts,
-        over the requests the tier served).  None while either is unmeasured."""
-        samples, z = self._cost.get((tier, self.size_class(batch_size))), self.probe_confidence
-        tokens = self.expected_tokens(tier, alpha)
-        if not samples or tokens is None:
-            return None
-        if not tier.off and self.acceptance != "per_tier":
-            tokens = self._pooled(tier, self.alpha_bin(alpha), z)
-        elif not tier.off:
-            acc, n = tokens - 1.0, max(self._lifetime[tier][1], 1)
-            tokens += z * (max(acc * (tier.steps - acc), 0.0) / n) ** 0.5
-        return batch_size * tokens / max(min(samples) + (self._overhead or 0.0), 1e-9)
 
     def best(self, batch_size: int, alpha: float | None = None) -> Tier | None:
         """The tier with the highest known rate at ``batch_size`` and mean alpha ``alpha`` (ties: fewer steps); None if
@@ -422,8 +420,7 @@ class TierChooser:
         bound, best = self.cost_bound(tier, batch_size), self.best(batch_size, alpha)
         if bound is None or best is None:
             return True
-        tokens = self.expected_tokens(tier, alpha)
-        optimistic = batch_size * tokens / (bound + (self._overhead or 0.0))
+        optimistic = self._per_second(batch_size, self.expected_tokens(tier, alpha), bound)
         return optimistic > self.rate(best, batch_size, alpha)
 
     def summary(self) -> dict[str, dict[str, float | None]]:
