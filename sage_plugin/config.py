@@ -174,6 +174,11 @@ class SageConfig:
     # they stream (half the bytes of a memory-bound draft forward; float32 products), float32 = as loaded.  Lossless
     # either way (the target verifies); the draft's distribution moves by bfloat16 rounding.  GPUs: the server dtype
     cpu_draft_dtype: str = "bfloat16"
+    # the draft's forwards through a lean decoder: the same layers and parameters without the runtime's per-layer
+    # Python (reference engine: engines/lean.py instead of transformers' modules; SGLang on CPU: a standalone
+    # Llama-family draft's LlamaModel.forward, runtimes/sglang/lean_draft.py; SGLang on GPUs captures its own).
+    # Lossless (the target verifies); the draft's numbers move by float rounding
+    cpu_lean_draft: bool = True
     # tensor parallelism: broadcast each step's verified tree (and the tier chooser's alpha) from rank 0, so ranks
     # whose draft scores differ still verify the same tokens: auto = where SGLang itself broadcasts the verify result
     # (ROCm, a batch with sampling requests), tree = every step, off = never (docs/sglang.md, "Tensor parallelism")
@@ -247,6 +252,7 @@ class SageConfig:
         _bool("lookahead", self.lookahead)
         _bool("price_level_host", self.price_level_host)
         _choice("cpu_draft_dtype", self.cpu_draft_dtype, ("bfloat16", "float32"))
+        _bool("cpu_lean_draft", self.cpu_lean_draft)
         _choice("tp_sync", self.tp_sync, ("auto", "tree", "off"))
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
         if self.rerank_nodes and self.topology == "planned":

@@ -216,6 +216,8 @@ def build_setup(opts: BenchOptions, base: SageConfig) -> BenchSetup:
     setup.categories = {p.id: p.category or p.dataset for p in prompts}
     if store_draft_weights(setup.engine.draft, base.cpu_draft_dtype) == "bfloat16":
         setup.draft_desc += "; linear weights stored in bfloat16 (cpu_draft_dtype)"
+    if not setup.engine.use_lean_draft(base.cpu_lean_draft) and setup.engine.draft is not None:
+        setup.draft_desc += "; transformers' forward (cpu_lean_draft false or not a Llama-family decoder)"
     return setup
 
 

@@ -103,11 +103,13 @@ def parse_method(text: str, base: SageConfig) -> MethodSpec:
         changes[key.strip()] = yaml.safe_load(value)
     cfg = base.replace(**changes)
     REFERENCE_SUPPORT.check(cfg)  # before any model loads
-    if cfg.cpu_draft_dtype != base.cpu_draft_dtype:  # one draft serves every method of a run
-        raise ConfigError(
-            f"method {name}: cpu_draft_dtype is the run's draft, not a method's: set it with --set cpu_draft_dtype="
-            f"{cfg.cpu_draft_dtype} (every method then drafts with it)"
-        )
+    for field in ("cpu_draft_dtype", "cpu_lean_draft"):  # one draft serves every method of a run
+        value = getattr(cfg, field)
+        if value != getattr(base, field):
+            raise ConfigError(
+                f"method {name}: {field} is the run's draft, not a method's: set it with --set {field}="
+                f"{str(value).lower() if isinstance(value, bool) else value} (every method then drafts with it)"
+            )
     return MethodSpec(name, cfg)
 
 

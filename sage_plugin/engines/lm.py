@@ -156,10 +156,13 @@ class TextModel:
         state.appended(ids.shape[1])
         return linear(hidden, self._head_w).float(), self.head_ids
 
-    def use_lean(self) -> bool:
+    def use_lean(self, on: bool = True) -> bool:
         """Run :meth:`forward` / :meth:`forward_head` through :class:`~.lean.LeanDecoder` where the model has its
-        layer structure (a draft's forwards; a target keeps transformers' own).  Returns whether it does."""
-        if self.lean is None and self.capture_layers is None and lean_supported(self.model):
+        layer structure (a draft's forwards; a target keeps transformers' own); ``on=False``: transformers' forward
+        again (``SageConfig.cpu_lean_draft``).  Returns whether the lean decoder runs."""
+        if not on:
+            self.lean = None
+        elif self.lean is None and self.capture_layers is None and lean_supported(self.model):
             self.lean = LeanDecoder(self.model)
         return self.lean is not None
 

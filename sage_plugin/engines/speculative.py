@@ -75,8 +75,7 @@ class SpecEngine:
         #: the draft scores only some token ids (a text draft with a restricted head): its forwards return the logits
         #: of those ids and their ids, and the policy reads them as such (a fraction of a full-vocabulary softmax)
         self.draft_head = draft is not None and not self.eagle and callable(getattr(draft, "forward_head", None))
-        if draft is not None and callable(getattr(draft, "use_lean", None)):
-            draft.use_lean()  # a small draft's forward is bound by host work (engines/lean.py)
+        self.use_lean_draft(True)
         self.device = target.device
         self.last_prefill_s = 0.0
         self.last_decode_s = 0.0
@@ -90,6 +89,11 @@ class SpecEngine:
         #: per policy object, its levels' host time (``price_level_host``; kept across calls like the cost curves)
         self.level_clocks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._levels = LevelClock(0)  # this decode's (window 0: kept nowhere)
+
+    def use_lean_draft(self, on: bool) -> bool:
+        """A small draft's forward is bound by host work: run it through :class:`~.lean.LeanDecoder` (``on``, the
+        default) or transformers' modules (``SageConfig.cpu_lean_draft``).  Returns whether the lean decoder runs."""
+        return callable(getattr(self.draft, "use_lean", None)) and self.draft.use_lean(on)
 
     # ------------------------------------------------------------------------------------------
     @torch.inference_mode()

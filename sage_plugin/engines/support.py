@@ -15,6 +15,7 @@ _NOTES = {
     "prune_ratio_image": "with a VLM draft (sage bench --draft-vlm); a text draft sees no visual tokens",
     "node_budget": "auto: the round cost is measured once per batch size on this device",
     "cpu_draft_dtype": "the run's draft (sage bench --set), where the CPU rows kernel builds; not per method",
+    "cpu_lean_draft": "the run's draft (sage bench --set): engines/lean.py for Llama-family drafts; not per method",
 }
 _NO_TIERS = "one process, no captured graphs: node_budget auto sizes every round to the measured cost instead"
 _NOT_READ = {

@@ -32,6 +32,7 @@ OTHER_VALUES: dict[str, list] = {
     "cpu_overlap": [True],
     "lookahead": [False],
     "cpu_draft_dtype": ["float32"],
+    "cpu_lean_draft": [False],
     "price_level_host": [False],
     "tp_sync": ["tree", "off"],
     "tier_alpha_bins": [0, 8],

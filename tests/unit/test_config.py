@@ -41,6 +41,7 @@ BAD_VALUES: dict[str, list] = {
     "cpu_overlap": [1, "yes", None],
     "lookahead": [0, "no", None],
     "cpu_draft_dtype": ["fp16", "bf16", None],
+    "cpu_lean_draft": ["yes", 1, None],
     "price_level_host": [0, "no", None],
     "tp_sync": ["on", 1, None],
     "tier_alpha_bins": [-1, 65, 1.5, "4", None],

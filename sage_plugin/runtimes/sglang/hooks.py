@@ -168,6 +168,11 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
         section["off_decode_steps"] = worker.sage_off_decode_steps  # --sage-tier-off-decode (offstep.py)
         steps, rows, drafted = worker.sage_ragged_rows  # --sage-ragged-verify (ragged.py)
         section["ragged_verify"] = {"steps": steps, "rows": rows, "rows_drafted": drafted}
+    from .lean_draft import lean_forwards
+
+    lean = lean_forwards(draft.draft_runner.model)
+    if lean is not None:  # cpu_lean_draft: draft forwards that ran the lean decoder (lean_draft.py)
+        section["lean_draft_forwards"] = lean
     if getattr(draft, "sage_tp", None) is not None:  # --tp-size > 1: steps whose tree came from rank 0 (tp_sync)
         section["tp_tree_syncs"] = draft.sage_tp_syncs
     lag = getattr(draft, "sage_lag", None)

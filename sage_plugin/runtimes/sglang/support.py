@@ -68,6 +68,9 @@ SGLANG_SUPPORT = RuntimeSupport(
         "tier_alpha_bins": _ALL,
         "cpu_overlap": Honoured(note="CPU servers; on GPUs SGLang's overlap scheduler stays on unless disabled"),
         "tp_sync": _ALL,
+        "cpu_lean_draft": Honoured(
+            note="CPU servers, a standalone Llama-family draft on one rank; EAGLE heads and GPUs run SGLang's forward"
+        ),
         "cpu_draft_dtype": Honoured(
             note="CPU servers: the draft's own linear layers and head (never a weight it shares with the target); "
             "GPUs serve the draft in the server's dtype"

@@ -51,6 +51,7 @@ from .clock import HostScalar, StepClock
 from .draft_weights import DraftHeadRows, rank_head_ids, store_draft_linears
 from .hooks import ACTIVE_SELECTION
 from .lag import DraftLag
+from .lean_draft import install_lean_draft
 from .meta import SageRoundDevice
 from .ragged import ragged_runs, verify_target
 from .selection import STAT_FIELDS, BeamSelection, DraftCounters, planned_draft
@@ -288,6 +289,9 @@ class SageDraftWorker(SageDraftMixin, StandaloneDraftWorker):
         if self.hot_token_id is not None:
             self._cut_head()
         super().init_lm_head()
+        if self.sage_cfg.cpu_lean_draft:
+            why = install_lean_draft(self.draft_runner.model, get_tp_group().world_size, self.device)
+            logger.info("SAGE: the draft's lean decoder %s (cpu_lean_draft)", f"off: {why}" if why else "on")
 
     def _cut_head(self) -> None:
         model = self.draft_runner.model

@@ -55,6 +55,7 @@ _TIERS = {
     "lookahead": _NO_COST,
     "price_level_host": _NO_COST,
     "cpu_draft_dtype": "GPU only: the drafter runs in the engine's dtype",
+    "cpu_lean_draft": "GPU only: the drafter is TensorRT-LLM's",
 }
 
 _CHAIN = "a chain keeps each of its D levels: the level-inclusion rule (Eq. 12) shapes trees"

@@ -264,6 +264,8 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
     assert sage["off_lag"]["skipped_extends"] > 0 and sage["off_lag"]["catch_ups"] > 0, sage
     # every off step's verify forward ran as a DECODE forward (tier_off_decode, offstep.py)
     assert sage["off_decode_steps"] == report["0:1"]["steps"], sage
+    # the standalone draft's forwards ran the lean decoder (cpu_lean_draft, lean_draft.py)
+    assert sage["lean_draft_forwards"] > 0, sage
     # drafted steps verified ragged, some rows dropped (ragged.py)
     ragged = sage["ragged_verify"]
     assert ragged["steps"] > 0 and 0 < ragged["rows"] < ragged["rows_drafted"], sage

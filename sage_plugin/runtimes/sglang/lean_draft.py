@@ -1,0 +1,135 @@
+"""The standalone draft's decoder on CPU without SGLang's per-layer staging (``cpu_lean_draft``, default on).
+
+A small draft's forward is bound by host work: the bundled 4-layer draft (hidden 256) cost 7.0 ms a draft extend
+and 7.4 ms a draft step in SGLang's model path on the 2-core CPU, against about 2 ms in the reference engine's
+:class:`~sage_plugin.engines.lean.LeanDecoder`.  Most of the difference is Python around the arithmetic: each
+layer's residual staging (``layer_boundary``: prepare / finish of two stages), the native RMSNorm's six small
+operators, a rotary embedding that gathers its cos / sin rows again in every layer, and ``nn.Module`` dispatch.
+:class:`LeanDraftDecoder` replaces the draft's ``LlamaModel.forward`` (on the instance; the target is never
+touched) with the same layers over the same parameters: SGLang's own linear layers (so the plugin's CPU kernels
+and ``cpu_draft_dtype`` weights apply as before), ``torch.nn.functional.rms_norm``, the rotary rows gathered once
+per forward, and each layer's ``RadixAttention`` (the attention backend, its KV writes and tree masks unchanged).
+Its numbers may differ from SGLang's forward by float rounding: it drafts, the target verifies, so no output
+token can change (the e2e tests compare with plain serving).
+
+Shapes (SGLang's flattened batch): ``input_ids`` / ``positions`` ``[T]`` (T tokens of every request of the
+forward), hidden states ``[T, H]``; ``q`` ``[T, heads * head_dim]``, ``k`` / ``v`` ``[T, kv_heads * head_dim]``.
+
+Taken only where the draft is a Llama-family SGLang decoder this forward computes exactly (:func:`lean_reason`:
+one rank, no pipeline stages, full neox-style rotary with 1-D positions, SiLU MLP, no captured layers); anything
+else keeps SGLang's forward, as does any call with ``input_embeds`` or pipeline tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["LeanDraftDecoder", "install_lean_draft", "lean_forwards", "lean_reason"]
+
+
+def lean_reason(decoder: Any, tp_size: int, device: str) -> str | None:
+    """Why :class:`LeanDraftDecoder` cannot run ``decoder`` (an SGLang ``LlamaModel``-like module), or None."""
+    if torch.device(device).type != "cpu":
+        return "not a CPU draft (CUDA graphs capture SGLang's own forward)"
+    if tp_size != 1:
+        return "tensor parallel (each rank holds a shard; SGLang's layers reduce across ranks)"
+    pp = getattr(decoder, "pp_group", None)
+    if pp is not None and getattr(pp, "world_size", 1) != 1:
+        return "pipeline stages"
+    layers = getattr(decoder, "layers", None)
+    if not layers or not hasattr(decoder, "embed_tokens") or not hasattr(decoder, "norm"):
+        return "no decoder layers / embedding / final norm"
+    if getattr(decoder, "layers_to_capture", None):
+        return "layers captured for an EAGLE head"
+    norms = [decoder.norm, *(n for layer in layers for n in _norms(layer))]
+    if any(type(n).__name__ != "RMSNorm" or getattr(n, "variance_size_override", None) is not None for n in norms):
+        return "a norm other than a plain RMSNorm"
+    for layer in layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if attn is None or mlp is None or not all(hasattr(attn, n) for n in ("qkv_proj", "o_proj", "attn")):
+            return "a layer without qkv_proj / o_proj / attn"
+        if not all(hasattr(mlp, n) for n in ("gate_up_proj", "down_proj")) or type(mlp.act_fn).__name__ != "SiluAndMul":
+            return "a layer whose MLP is not gate_up -> SiLU and mul -> down"
+        rope, first = getattr(attn, "rotary_emb", None), layers[0].self_attn.rotary_emb
+        if type(rope).__name__ != "RotaryEmbedding" or not rope.is_neox_style or rope.rotary_dim != attn.head_dim:
+            return "a rotary embedding other than full neox-style RoPE"
+        if rope is not first and not torch.equal(rope.cos_sin_cache, first.cos_sin_cache):
+            return "layers whose rotary embeddings differ (the lean decoder gathers one cos / sin per forward)"
+        if any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
+            return "per-head q / k norms"
+    return None
+
+
+class LeanDraftDecoder:
+    """``decoder.forward`` as a plain function of (ids, positions, forward batch) (module docstring).
+
+    Worked example, one request extending by 2 tokens at positions 7, 8 through a 4-layer draft: ``input_ids``
+    ``[2]`` -> embeddings ``[2, 256]``; the rotary rows ``cos_sin_cache[[7, 8]]`` ``[2, 64]`` split into cos / sin
+    ``[2, 1, 32]`` once; per layer RMSNorm -> ``qkv_proj`` ``[2, 384]`` -> q ``[2, 4, 64]`` / k ``[2, 1, 64]``
+    rotated -> ``attn`` (writes the two K / V rows into the draft's pool, attends over the cached prefix) ->
+    ``o_proj`` + residual -> RMSNorm -> ``gate_up_proj`` -> SiLU(gate) * up -> ``down_proj`` + residual; the
+    final RMSNorm gives ``[2, 256]`` to SGLang's logits processor.
+    """
+
+    def __init__(self, decoder: Any) -> None:
+        self.decoder = decoder
+        self.original = decoder.forward  # SGLang's own (bound) forward, for the calls this one does not take
+        first = decoder.layers[0].self_attn
+        self.rope = first.rotary_emb
+        self.q_size, self.kv_size, self.head_dim = first.q_size, first.kv_size, first.head_dim
+        self.calls = 0  # forwards taken (GET /server_info: sage.lean_draft_forwards)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any,
+                 input_embeds: Any = None, pp_proxy_tensors: Any = None, **kwargs: Any) -> torch.Tensor:  # fmt: skip
+        if input_embeds is not None or pp_proxy_tensors is not None or kwargs or positions.dim() != 1:
+            return self.original(input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors, **kwargs)
+        self.calls += 1
+        dec, hd = self.decoder, self.head_dim
+        x = F.embedding(input_ids, dec.embed_tokens.weight)
+        cos, sin = self.rope.cos_sin_cache.index_select(0, positions).to(x.dtype).unsqueeze(1).chunk(2, dim=-1)
+        for layer in dec.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            h = _rms(x, layer.input_layernorm)
+            q, k, v = attn.qkv_proj(h)[0].split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q, k = _rotate(q, cos, sin, hd), _rotate(k, cos, sin, hd)
+            x = x + attn.o_proj(attn.attn(q, k, v, forward_batch))[0]
+            gu = mlp.gate_up_proj(_rms(x, layer.post_attention_layernorm))[0]
+            half = gu.shape[-1] // 2
+            x = x + mlp.down_proj(F.silu(gu[:, :half]) * gu[:, half:])[0]
+        return _rms(x, dec.norm)
+
+
+def _norms(layer: Any) -> tuple:
+    return getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None)
+
+
+def _rms(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    """SGLang's ``RMSNorm`` (float32 statistics, ``x / rms(x) * weight``) as one fused operator."""
+    out = F.rms_norm(x.float(), (x.shape[-1],), norm.weight.float(), norm.variance_epsilon)
+    return out.to(x.dtype)
+
+
+def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Neox-style rotary embedding of ``t`` ``[T, heads * head_dim]`` with ``cos`` / ``sin`` ``[T, 1, head_dim / 2]``."""
+    x = t.view(t.shape[0], -1, head_dim)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).view(t.shape)
+
+
+def install_lean_draft(model: Any, tp_size: int, device: str) -> str | None:
+    """Give the SGLang draft ``model`` (a ``...ForCausalLM`` with ``.model``) the lean decoder; returns why not
+    (and leaves the model as it is), or None once installed."""
+    decoder = getattr(model, "model", None)
+    reason = "no .model decoder" if decoder is None else lean_reason(decoder, tp_size, device)
+    if reason is None:
+        decoder.forward = LeanDraftDecoder(decoder)
+    return reason
+
+
+def lean_forwards(model: Any) -> int | None:
+    """Forwards the lean decoder of the SGLang draft ``model`` took, or None where it has none."""
+    forward = getattr(getattr(model, "model", None), "__dict__", {}).get("forward")
+    return forward.calls if isinstance(forward, LeanDraftDecoder) else None
