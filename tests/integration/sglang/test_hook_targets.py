@@ -98,6 +98,10 @@ USED_SYMBOLS = [
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward",  # the plan in the draft graph, INDEX.md
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill",  # VLM prompts, INDEX.md
     "sglang.srt.speculative.base_spec_worker.EagleDraftWorkerBase",
+    # the draft's lean decoder (lean_draft.py, INDEX.md): the instance forward it replaces and what it reads
+    "sglang.srt.models.llama.LlamaModel.forward",
+    "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding",
+    "sglang.srt.layers.layernorm.RMSNorm",
     # meta_info["sage"] (meta.py): the auxiliary-output contract and the request-level key of the streamer
     "sglang.srt.managers.auxiliary_output.append_auxiliary_output",
     "sglang.srt.managers.utils.GenerationBatchResult.copy_auxiliary_output_to_cpu",
