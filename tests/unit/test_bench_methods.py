@@ -34,6 +34,8 @@ def test_unnamed_variant_and_ablations_in_one_list():
         ("sage,sage", "repeated: sage"),
         ("a=sage:n_max=4,a=static", "repeated: a"),
         ("sage:n_max=4,w_max=99", "w_max"),  # a continued option is validated like the first
+        ("sage,b=sage:cpu_draft_dtype=float32", "cpu_draft_dtype is the run's draft"),  # one draft per run
+        ("sage,l=sage:cpu_lean_draft=false", "--set cpu_lean_draft=false"),
     ],
 )
 def test_bad_lists_are_one_clear_error(text, words):

@@ -92,6 +92,18 @@ def test_lean_follows_bfloat16_weights_after_store_weights():
                                rtol=1e-4, atol=1e-4)  # fmt: skip
 
 
+def test_cpu_lean_draft_switches_the_engines_draft_forward():
+    """``SpecEngine.use_lean_draft`` (``SageConfig.cpu_lean_draft``, the run's draft in ``sage bench``): on by default,
+    off gives transformers' forward back, on again rebuilds the lean decoder."""
+    from sage_plugin.engines.speculative import SpecEngine
+
+    engine = SpecEngine(TextModel(_model("llama", 2, 1)), TextModel(_model("llama", 2, 2)))
+    assert engine.draft.lean is not None and engine.target.lean is None
+    assert not engine.use_lean_draft(False) and engine.draft.lean is None
+    assert engine.use_lean_draft(True) and engine.draft.lean is not None
+    assert not SpecEngine(TextModel(_model("llama", 2, 1))).use_lean_draft(True)  # no draft
+
+
 def test_models_without_the_layer_structure_keep_transformers_forward():
     model = _model("llama", 2, 0)
     target = TextModel(model)
