@@ -45,6 +45,7 @@ def _rank_worker(shard: torch.Tensor, ids: torch.Tensor) -> SageDraftWorker:
         cpu_draft_dtype="float32"
     )  # the head's products compared as float32 (bfloat16: test_draft_weights.py)
     w.target_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=torch.nn.Module()))
+    w.device = "cpu"  # a worker's device (init_lm_head offers a CPU draft to the lean decoder)
     return w
 
 

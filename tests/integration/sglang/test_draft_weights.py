@@ -91,9 +91,11 @@ def test_the_cpu_hooks_compute_a_bfloat16_draft_layer_in_float32():
 
 
 @pytest.mark.parametrize("cls_name", ["SageDraftWorker", "SageEagleDraftWorker"])
-def test_init_lm_head_stores_the_draft_with_or_without_a_token_map(cls_name):
+def test_init_lm_head_stores_the_draft_with_or_without_a_token_map(cls_name, monkeypatch):
     """Both SAGE draft workers apply ``cpu_draft_dtype`` in ``init_lm_head``, a standalone draft without a token map
-    (nothing to cut) included; the EAGLE worker after upstream's head sharing (stood in for here)."""
+    (nothing to cut) included; the EAGLE worker after upstream's head sharing (stood in for here).  The standalone
+    worker then offers the draft to the lean decoder (``cpu_lean_draft``), which leaves this stand-in (no ``.model``
+    decoder) as it is."""
     import types
 
     from sage_plugin.runtimes.sglang import worker as worker_mod
@@ -103,6 +105,8 @@ def test_init_lm_head_stores_the_draft_with_or_without_a_token_map(cls_name):
     w.draft_runner = types.SimpleNamespace(model=_draft(torch.nn.Module()))
     w.hot_token_id = None
     w.sage_cfg = SageConfig()
+    w.device = "cpu"
+    monkeypatch.setattr(worker_mod, "get_tp_group", lambda: types.SimpleNamespace(world_size=1))  # one rank
     w.target_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=torch.nn.Module()))
     upstream = [c for c in cls.__mro__ if "init_lm_head" in c.__dict__ and c.__module__.startswith("sglang")][0]
     shared = []
@@ -115,3 +119,4 @@ def test_init_lm_head_stores_the_draft_with_or_without_a_token_map(cls_name):
     assert shared == [w]
     assert w.draft_runner.model.qkv_proj.weight.dtype == torch.bfloat16
     assert w.draft_runner.model.embed_tokens.weight.dtype == torch.float32
+    assert "forward" not in w.draft_runner.model.__dict__  # no lean decoder on a model without one
