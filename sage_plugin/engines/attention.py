@@ -9,15 +9,17 @@ query heads that share a KV head into the query-length axis::
     mask  [B, 1, Q, S] -> [B, 1, g*Q, S]        (the Q-row block repeated g times)
     out   [B, H_kv, g*Q, D] -> [B, Q, H, D]
 
-and calls ``torch.nn.functional.scaled_dot_product_attention`` once.  It is the same arithmetic as ``sdpa`` (tests
+and calls ``torch.nn.functional.scaled_dot_product_attention`` once (``core.attention.folded_sdpa``, shared with
+SGLang's CPU attention ops).  It is the same arithmetic as ``sdpa`` (tests
 compare them).  Registered under the name ``"sage_sdpa"`` (with ``sdpa``'s mask builder) when this module is
 imported; :func:`sage_plugin.engines.lm.load_causal_lm` selects it.
 """
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
+
+from ..core.attention import folded_sdpa, group_mask
 
 __all__ = ["ATTN_IMPLEMENTATION", "group_mask", "grouped_sdpa", "register"]
 
@@ -39,18 +41,8 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
     mask = attention_mask
     if mask is not None:
         mask = group_mask(mask[:, :, :, : key.shape[-2]], q, g)
-    out = F.scaled_dot_product_attention(
-        query.reshape(b, kvh, g * q, d), key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
-    )
-    return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
-
-
-def group_mask(mask: torch.Tensor, q: int, g: int) -> torch.Tensor:
-    """``mask [B, 1, Q or 1, S]`` as the folded queries see it: ``[B, 1, g*Q, S]``, the Q-row block ``g`` times."""
-    if g == 1:
-        return mask
-    mask = mask.expand(mask.shape[0], 1, q, mask.shape[-1])
-    return torch.cat([mask] * g, dim=2)  # repeat's copy cost 4x a cat's here
+    out = folded_sdpa(query, key, value, mask, scaling, dropout)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def register() -> str:

@@ -47,13 +47,14 @@ def lean_reason(decoder: Any, tp_size: int, device: str) -> str | None:
     norms = [decoder.norm, *(n for layer in layers for n in _norms(layer))]
     if any(type(n).__name__ != "RMSNorm" or getattr(n, "variance_size_override", None) is not None for n in norms):
         return "a norm other than a plain RMSNorm"
+    first = getattr(getattr(layers[0], "self_attn", None), "rotary_emb", None)
     for layer in layers:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         if attn is None or mlp is None or not all(hasattr(attn, n) for n in ("qkv_proj", "o_proj", "attn")):
             return "a layer without qkv_proj / o_proj / attn"
         if not all(hasattr(mlp, n) for n in ("gate_up_proj", "down_proj")) or type(mlp.act_fn).__name__ != "SiluAndMul":
             return "a layer whose MLP is not gate_up -> SiLU and mul -> down"
-        rope, first = getattr(attn, "rotary_emb", None), layers[0].self_attn.rotary_emb
+        rope = getattr(attn, "rotary_emb", None)
         if type(rope).__name__ != "RotaryEmbedding" or not rope.is_neox_style or rope.rotary_dim != attn.head_dim:
             return "a rotary embedding other than full neox-style RoPE"
         if rope is not first and not torch.equal(rope.cos_sin_cache, first.cos_sin_cache):

@@ -60,6 +60,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ....core.attention import folded_sdpa, group_mask
 from ._common import _long
 
 __all__ = ["decode_attention_cpu", "extend_attention_cpu"]
@@ -118,25 +119,13 @@ def _load(buf: torch.Tensor, slots: torch.Tensor, rows: int, scale: float) -> to
     return out.mul_(scale) if scale != 1.0 else out
 
 
-def _grouped_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, sm_scale: float
-) -> torch.Tensor:
-    """``q [R, H, Lq, D]``, ``k [R, Hkv, L, D]``, ``v [R, Hkv, L, Dv]`` -> ``[R, H, Lq, Dv]``: the ``g = H / Hkv``
-    query heads of a KV head folded into its query rows (one SDPA, no K/V repeated); ``mask`` is the folded
-    additive ``[R, 1, g * Lq, L]`` (or ``[R, 1, 1, L]`` for ``Lq == 1``), None when every key is visible."""
-    rows, heads, lq, dim = q.shape
-    kv_heads = k.shape[1]
-    folded = q.reshape(rows, kv_heads, (heads // kv_heads) * lq, dim)
-    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask, scale=sm_scale)
-    return out.view(rows, heads, lq, v.shape[-1])
-
-
 def _additive(visible: torch.Tensor, group: int) -> torch.Tensor | None:
-    """``visible [R, Lq, L]`` bool as :func:`_grouped_sdpa`'s folded additive mask (0 / -inf), None if all visible."""
+    """``visible [R, Lq, L]`` bool as ``core.attention.folded_sdpa``'s folded additive mask (0 / -inf), None if all
+    visible."""
     if bool(visible.all()):
         return None
     add = torch.zeros(visible.shape, dtype=torch.float32).masked_fill_(~visible, float("-inf"))[:, None]
-    return add if visible.shape[1] == 1 else torch.cat([add] * group, dim=2)
+    return group_mask(add, visible.shape[1], group)
 
 
 def _attend(
@@ -232,15 +221,16 @@ def decode_attention_cpu(
     if rows == 0:
         return
     width = int(seq.max())
-    visible = torch.arange(width) < seq[:, None]  # [R, L]
+    explicit = logit_cap > 0 or sinks is not None
+    visible = torch.arange(width) < seq[:, None] if rows > 1 or explicit else None  # [R, L]; one row sees all
     slots = _cache_slots(op, req_to_token, req_pool_indices, visible if rows > 1 else None, width)
     k = _load(k_cache, slots, rows, key_scale).transpose(1, 2)  # [R, Hkv, L, D]
     v = _load(v_cache, slots, rows, value_scale).transpose(1, 2)
     q = query.to(torch.float32)[:, :, None]  # [R, H, 1, D]
-    if logit_cap > 0 or sinks is not None:
+    if explicit:
         out = _attend(q, k, v, visible[:, None, :], sm_scale, logit_cap, sinks)
     else:
-        out = _grouped_sdpa(q, k, v, _additive(visible[:, None, :], 1) if rows > 1 else None, sm_scale)
+        out = folded_sdpa(q, k, v, None if visible is None else _additive(visible[:, None, :], 1), sm_scale)
     output.copy_(out[:, :, 0])
 
 
@@ -333,7 +323,7 @@ def extend_attention_cpu(
     if logit_cap > 0 or sinks is not None:
         out = _attend(q, k, v, lay.visible, sm_scale, logit_cap, sinks)  # [bs, H, Lq, Dv]
     else:
-        out = _grouped_sdpa(q, k, v, lay.mask(q.shape[1] // k.shape[1]), sm_scale)
+        out = folded_sdpa(q, k, v, lay.mask(q.shape[1] // k.shape[1]), sm_scale)
     rows = out.transpose(1, 2).reshape(bs * lq, *out.shape[1:2], out.shape[-1])  # [bs * Lq, H, Dv]
     o_extend.index_copy_(0, lay.out_rows, rows.index_select(0, lay.valid_flat).to(o_extend.dtype))
 
@@ -341,7 +331,6 @@ def extend_attention_cpu(
 class _Layout(NamedTuple):
     """What every layer of one extend forward shares: it depends on the lengths and the mask only."""
 
-    prefix: torch.Tensor  # [bs] prefix tokens per request
     q_flat: torch.Tensor  # [bs * Lq] row of q_extend each padded query reads (0 for padding)
     valid_flat: torch.Tensor  # [T] the real query rows among the bs * Lq padded ones
     out_rows: torch.Tensor  # [T] their rows of o_extend
@@ -385,7 +374,7 @@ def _extend_layout(op, seq, ext, start, custom_mask, is_causal: bool, fresh: boo
             fresh_keys = (b_idx * lk + j_idx, start[b_idx] + j_idx - prefix[b_idx])
         visible = _extend_visibility(op, custom_mask, is_causal, prefix, ext, seq, lq, lk)
         valid_flat = q_valid.reshape(-1).nonzero().reshape(-1)
-        lay = _Layout(prefix, q_rows.reshape(-1), valid_flat, q_rows[q_valid], cached, fresh_keys, visible, {})
+        lay = _Layout(q_rows.reshape(-1), valid_flat, q_rows[q_valid], cached, fresh_keys, visible, {})
     _LAST[:] = [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in key), lay]
     return lay
 
