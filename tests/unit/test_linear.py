@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sage_plugin.core import linear as lin
+from sage_plugin.core import native
 from sage_plugin.core.linear import KERNEL_MAX_ROWS, MAX_ROWS, linear
 from sage_plugin.engines.lm import RowsLinear, use_fast_linears
 from sage_plugin.runtimes.sglang.hooks import compute_lm_head, unquantized_linear
@@ -59,7 +60,7 @@ def _paths(monkeypatch) -> list:
             taken.append(("kernel", x.shape[0]))
             return kernel.rows_linear(x, w)
 
-    monkeypatch.setattr(lin, "_kernel", Recording)
+    monkeypatch.setitem(native._built, "rows_linear", Recording)
     monkeypatch.setattr(
         F, "linear", lambda x, w, b=None: taken.append(("F.linear", x.numel() // x.shape[-1])) or real_f(x, w, b)
     )
@@ -129,7 +130,7 @@ def test_rows_kernel_is_batch_invariant_and_equals_a_float64_product(rows, n, k1
 
 
 def test_a_machine_without_the_kernel_takes_weight_major(monkeypatch):
-    monkeypatch.setattr(lin, "_kernel", False)  # as after a failed build
+    monkeypatch.setitem(native._built, "rows_linear", False)  # as after a failed build
     assert lin.rows_kernel() is None
     x, w = torch.randn(3, 64), torch.randn(10, 64)
     torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-4)
@@ -140,7 +141,7 @@ def test_a_failed_build_warns_once_and_is_not_retried(monkeypatch):
 
     calls = []
     monkeypatch.setattr(ext, "load", lambda **kw: calls.append(kw["name"]) or (_ for _ in ()).throw(OSError("no c++")))
-    monkeypatch.setattr(lin, "_kernel", None)
+    monkeypatch.delitem(native._built, "rows_linear", raising=False)
     with pytest.warns(UserWarning, match="could not be built"):
         assert lin.rows_kernel() is None
     assert lin.rows_kernel() is None and len(calls) == 1
@@ -270,7 +271,7 @@ def test_a_bfloat16_weight_takes_the_kernel_at_few_rows_and_is_widened_elsewhere
             got = linear(x, weight, bias)
             assert taken[-1] == want and got.dtype == torch.float32, (tuple(x.shape), want)
             torch.testing.assert_close(got, F.linear(x, weight.float(), bias), rtol=1e-5, atol=1e-4)
-    monkeypatch.setattr(lin, "_kernel", False)  # a machine without the kernel
+    monkeypatch.setitem(native._built, "rows_linear", False)  # a machine without the kernel
     x = torch.randn(3, 64)
     got = linear(x, w)
     assert taken[-1] == ("weight-major", 3)

@@ -1,6 +1,7 @@
 """Pure-torch ``decode_attention_cpu`` / ``extend_attention_cpu`` against naive per-request softmax attention.
 
-Every test builds a random paged KV layout (request rows of ``req_to_token`` point at scattered cache slots,
+Every test runs twice: through the paged-attention kernel (``core/csrc/paged_attention.cpp``, which
+``tools/setup.sh`` builds) and with it unavailable (the gather + SDPA path).  Every test builds a random paged KV layout (request rows of ``req_to_token`` point at scattered cache slots,
 slot 0 reserved, unused columns filled with out-of-range slots that must never be read), calls the ops
 positionally through ``torch.ops`` exactly as SGLang's ``intel_amx`` backend does, and compares with a
 float64 reference that loops over requests and heads on the logical (unpaged) sequences.  Ops are registered
@@ -11,16 +12,31 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sage_plugin.core import native
+from sage_plugin.core.paged_attention import MAX_QUERY_ROWS, SMALL_CALL_ROWS, attention_kernel
 from sage_plugin.core.tree import ancestor_mask
 from sage_plugin.runtimes.sglang import cpu_ops
 
 NS = "sage_test_sgl_attn"
-SETTINGS = settings(max_examples=25, deadline=None)
+# the kernel / torch fixture below is set once per test, not per example
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 GARBAGE = 10**6  # req_to_token filler past every sequence: indexing the cache with it would raise
 HEADS = st.sampled_from([(1, 1), (4, 4), (4, 2), (6, 1), (8, 2)])  # (query heads, KV heads)
+# (D, Dv): the kernel's vector body (multiples of 8 / 16 lanes), its scalar tail, and both
+DIMS = st.sampled_from([(8, 8), (8, 4), (64, 64), (40, 24)])
+
+
+@pytest.fixture(autouse=True, params=["kernel", "torch"])
+def path(request, monkeypatch):
+    """Run each test through the kernel, then with the kernel unavailable (as where it cannot be built)."""
+    if request.param == "kernel":
+        assert attention_kernel() is not None, "the kernel builds on every machine the tests run on"
+    else:
+        monkeypatch.setitem(native._built, "paged_attention", False)
+    return request.param
 
 
 def ops():
@@ -101,7 +117,7 @@ def options(draw_cap: bool, draw_sinks: bool, heads: int, g) -> dict:
 @SETTINGS
 @given(
     st.integers(0, 2**31), st.lists(st.integers(1, 12), min_size=1, max_size=4), HEADS,
-    st.sampled_from([(8, 8), (8, 4)]), st.booleans(), st.booleans(), st.booleans(),
+    DIMS, st.booleans(), st.booleans(), st.booleans(),
 )  # fmt: skip
 def test_decode_writes_kv_at_loc_and_attends(seed, seq_lens, heads, dims, cap, sink, write):
     g = gen(seed)
@@ -205,7 +221,7 @@ def extend_case(g, prefix_lens, ext_lens, hkv, d, dv, write_cache=True):
 @SETTINGS
 @given(
     st.integers(0, 2**31), st.lists(st.tuples(st.integers(0, 9), st.integers(1, 6)), min_size=1, max_size=4),
-    HEADS, st.sampled_from([(8, 8), (8, 4)]), st.sampled_from(["given", "cache_only", "stale_cache"]),
+    HEADS, DIMS, st.sampled_from(["given", "cache_only", "stale_cache"]),
     st.booleans(), st.booleans(), st.booleans(),
 )  # fmt: skip
 def test_extend_causal_over_prefix_and_extend(seed, lens, heads, dims, source, causal, cap, sink):
@@ -238,19 +254,22 @@ def random_tree_masks(g, bs, n):
 
 
 @SETTINGS
-@given(st.integers(0, 2**31), st.lists(st.integers(0, 10), min_size=1, max_size=3), st.integers(1, 7), HEADS)
-def test_target_verify_with_qlen_only_tree_mask(seed, prefix_lens, n, heads):
+@given(
+    st.integers(0, 2**31), st.lists(st.integers(0, 10), min_size=1, max_size=3), st.integers(1, 7), HEADS,
+    st.sampled_from([8, 64]),
+)  # fmt: skip
+def test_target_verify_with_qlen_only_tree_mask(seed, prefix_lens, n, heads, d):
     """TARGET_VERIFY: E = n draft tokens per request, the prefix fully visible, the tree by ancestor mask."""
     g = gen(seed)
     h, hkv = heads
     bs = len(prefix_lens)
-    case = extend_case(g, prefix_lens, [n] * bs, hkv, 8, 8)
+    case = extend_case(g, prefix_lens, [n] * bs, hkv, d, d)
     k_cache, v_cache, rtt, rpi, k_ext, v_ext, seq, start, logical_k, logical_v = case
     assert start.tolist() == list(range(0, bs * n, n))  # the backend's arange(0, bs*E, E)
     masks = random_tree_masks(g, bs, n)
-    q = torch.randn(bs * n, h, 8, generator=g)
+    q = torch.randn(bs * n, h, d, generator=g)
     ext = torch.full((bs,), n)
-    out_qlen, out_full = torch.empty(bs * n, h, 8), torch.empty(bs * n, h, 8)
+    out_qlen, out_full = torch.empty(bs * n, h, d), torch.empty(bs * n, h, d)
     call_extend(
         q, k_ext, v_ext, out_qlen, k_cache, v_cache, rtt, rpi, seq, ext, start, 0.3, custom_mask=masks.flatten()
     )
@@ -327,6 +346,109 @@ def test_draft_extend_bf16_ragged_with_zero_length_request():
         visible[:, p:] = torch.ones(e, e, dtype=torch.bool).tril()
         ref = ref_attention(q[s0 : s0 + e], logical_k[b].bfloat16(), logical_v[b].bfloat16(), visible, 0.4)
         torch.testing.assert_close(out[s0 : s0 + e].double(), ref, atol=3e-2, rtol=2e-2)
+
+
+# ------------------------------------------------------------------------------------------ the kernel
+
+
+def kernel_only(path):
+    if path != "kernel":
+        pytest.skip("a property of the paged-attention kernel")
+
+
+def recording_kernel(monkeypatch) -> list:
+    """Replace the kernel by a recorder around it; returns the list of its calls' modes."""
+    real, calls = attention_kernel(), []
+
+    class Recording:
+        @staticmethod
+        def paged_attention(*args):
+            calls.append(args[9])
+            return real.paged_attention(*args)
+
+    monkeypatch.setitem(native._built, "paged_attention", Recording)
+    return calls
+
+
+def test_the_kernel_takes_decode_verify_and_draft_extend_calls_and_leaves_the_rest(path, monkeypatch):
+    kernel_only(path)
+    calls = recording_kernel(monkeypatch)
+    g = gen(5)
+    k_cache, v_cache, rtt, rpi = paged_pool(g, [7, 3], 2, 64, 64)
+    q, out = torch.randn(2, 4, 64, generator=g), torch.empty(2, 4, 64)
+    call_decode(q, k_cache, v_cache, out, None, None, torch.tensor([1, 2]), rtt, rpi, torch.tensor([7, 3]), 0.3)
+    assert calls == [0]
+    call_decode(q, k_cache, v_cache, out, None, None, torch.tensor([1, 2]), rtt, rpi, torch.tensor([7, 3]), 0.3,
+                logit_cap=2.0)  # fmt: skip
+    assert calls == [0], "a logit cap takes the explicit torch path"
+    for bs, n, mask, want in [
+        (1, 3, True, 2), (1, 3, False, 1), (16, 2, True, 2), (2, 8, False, 1),
+        (1, MAX_QUERY_ROWS + 1, False, None), (SMALL_CALL_ROWS // 4 + 1, 4, True, None),
+    ]:  # fmt: skip
+        case = extend_case(g, [4] * bs, [n] * bs, 2, 64, 64)
+        k_c, v_c, rtt_e, rpi_e, k_ext, v_ext, seq, start, _, _ = case
+        custom = random_tree_masks(g, bs, n).flatten() if mask else None
+        before = len(calls)
+        call_extend(torch.randn(bs * n, 4, 64, generator=g), k_ext, v_ext, torch.empty(bs * n, 4, 64), k_c, v_c,
+                    rtt_e, rpi_e, seq, torch.full((bs,), n), start, 0.3, custom_mask=custom)  # fmt: skip
+        assert calls[before:] == ([] if want is None else [want]), (bs, n, mask)
+    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
+    call_decode(q.bfloat16(), k16, v16, out.bfloat16(), None, None, torch.tensor([1, 2]), rtt, rpi,
+                torch.tensor([7, 3]), 0.3)  # fmt: skip
+    assert calls == [0, 2, 1, 2, 1], "bfloat16 caches take the torch path"
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.integers(0, 2**31), st.integers(0, 40), st.integers(1, MAX_QUERY_ROWS), st.sampled_from([(4, 2), (9, 3), (4, 1)])
+)  # fmt: skip
+def test_a_kernel_row_is_the_same_bits_alone_in_a_batch_and_as_the_decode_it_becomes(
+    path, monkeypatch, seed, p, n, heads
+):
+    """A tree-verify row of one request equals, bit for bit, the same row verified beside other requests, and the
+    decode of that node once its path is in the cache (the keys it sees are the same, in the same order)."""
+    kernel_only(path)
+    calls = recording_kernel(monkeypatch)
+    g = gen(seed)
+    h, hkv = heads
+    d = 64
+    parents = torch.full((1, n), -1)
+    for i in range(1, n):
+        parents[0, i] = int(torch.randint(0, i, (1,), generator=g))
+    mask = ancestor_mask(parents, n)[0]  # [n, n]
+    k_cache, v_cache = (
+        torch.randn(p + 2 * n + 60, hkv, d, generator=g),
+        torch.randn(p + 2 * n + 60, hkv, d, generator=g),
+    )
+    slots = 1 + torch.randperm(k_cache.shape[0] - 1, generator=g)
+    prefix, node_slots, path_slots = slots[:p], slots[p : p + n], slots[p + n : p + 2 * n]
+    k_ext, v_ext, q = (torch.randn(n, hkv, d, generator=g), torch.randn(n, hkv, d, generator=g),
+                       torch.randn(n, h, d, generator=g))  # fmt: skip
+    # the request alone, then after a second request (other prefix, a chain of 3) in one call
+    rtt = torch.full((3, p + n + 50), GARBAGE, dtype=torch.int32)
+    rtt[0, : p + n] = torch.cat([prefix, node_slots]).int()
+    rtt[1, :50] = slots[p + 2 * n : p + 2 * n + 50].int()
+    alone = torch.empty(n, h, d)
+    call_extend(q, k_ext, v_ext, alone, k_cache, v_cache, rtt, torch.tensor([0]), torch.tensor([p + n]),
+                torch.tensor([n]), torch.tensor([0]), 0.125, custom_mask=mask.flatten())  # fmt: skip
+    other = ancestor_mask(torch.arange(-1, 2)[None], 3)[0]
+    k2, v2, q2 = (torch.cat([torch.randn(3, *t.shape[1:], generator=g), t]) for t in (k_ext, v_ext, q))
+    both = torch.empty(n + 3, h, d)
+    call_extend(q2, k2, v2, both, k_cache, v_cache, rtt, torch.tensor([1, 0]), torch.tensor([50, p + n]),
+                torch.tensor([3, n]), torch.tensor([0, 3]), 0.125,
+                custom_mask=torch.cat([other.flatten(), mask.flatten()]))  # fmt: skip
+    assert torch.equal(both[3:], alone)
+    # node i decoded once its path (root .. i) is committed to the cache
+    for i in range(n):
+        path_nodes = mask[i].nonzero().flatten()  # ancestors-or-self in tree order
+        m = path_nodes.numel()
+        k_cache[path_slots[:m].long()], v_cache[path_slots[:m].long()] = k_ext[path_nodes], v_ext[path_nodes]
+        rtt[2, : p + m] = torch.cat([prefix, path_slots[:m]]).int()
+        out = torch.empty(1, h, d)
+        call_decode(q[i : i + 1], k_cache, v_cache, out, None, None, torch.tensor([0]), rtt, torch.tensor([2]),
+                    torch.tensor([p + m]), 0.125)  # fmt: skip
+        assert torch.equal(out[0], alone[i]), i
+    assert calls == [2, 2] + [0] * n  # every call took the kernel
 
 
 # ------------------------------------------------------------------------------------------ unsupported

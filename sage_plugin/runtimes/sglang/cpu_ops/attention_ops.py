@@ -38,35 +38,53 @@ Not supported (``NotImplementedError``, never a silently different result): ``sl
 (``is_cross_attn`` or ``encoder_lens``), and writing ``key``/``value`` with a scale other than 1
 (a quantised cache the backend would have written itself).
 
-Cost: both ops are batched, not looped: every row's keys are gathered into one padded ``[R, L, H_kv, D]``
+Cost.  Calls with a few query rows per request (decode, a verify or draft extend of up to 8 tokens per request in a
+small call: :func:`~sage_plugin.core.paged_attention.kernel_takes`), float32 throughout and no ``logit_cap`` /
+``sinks``, run the paged-attention kernel (``core/csrc/paged_attention.cpp``): keys and values are read in place from
+their cache slots, one task per (request, KV head), nothing gathered or padded, and a row's result depends only on
+the keys it sees (a verify row equals, bit for bit, the decode row that later sees the same keys).  Per call on the
+2-core Xeon (SmolLM2's 9 / 3 heads of 64, 300 cached tokens), the path below / the kernel: decode of 1 / 16 requests
+196 / 119 and 1,229 / 769 us; extend of 2 tokens at 1 / 16 requests 275 / 128 and 1,529 / 1,153 us.
+
+Everything else is batched, not looped: every row's keys are gathered into one padded ``[R, L, H_kv, D]``
 float32 tensor (``L`` = longest ``seq_lens``; ``index_select`` over the flattened slots) and attended with one
 ``torch.nn.functional.scaled_dot_product_attention`` whose query rows are the ``g = H / H_kv`` heads of each KV head
 folded together (``[R, H_kv, g * Lq, D]``, an additive mask repeated ``g`` times: no K/V repeated per query head,
 and no mask at all where every key is visible).  Memory and time are those of the padded batch, ``O(R * L)`` for
 K/V and ``O(R * H * max E * L)`` for scores, so one long request in a batch of short ones pays for padding.  With
 ``logit_cap`` or ``sinks`` the scores are built explicitly, in query chunks of at most ``_SCORE_BUDGET`` float32
-elements.  An extend call's layout (query rows, keys taken from ``k_extend``, the ``[bs, Lq, L]`` visibility and
-its folded mask) depends on the lengths and the mask only: it is built once and reused by the next calls whose
-lengths and mask are equal by value (the layers of one forward); the paged slots and K/V are read anew by every
-call.  Per call on the 2-core Xeon (SmolLM2's 9 / 3 heads of 64, 300 cached
-tokens), before / after the folding and the flat gathers: extend of 2 tokens 354 / 278 us, decode 317 / 235 us
-at one request; 2.44 / 1.61 ms (extend, 16 x 2 tokens) and 3.16 / 1.95 ms (decode) at 16.
+elements.  An extend call's layout (query rows, keys taken from ``k_extend``, the ``[bs, Lq, L]`` visibility, the
+kernel's per-request lengths and the folded mask) depends on the lengths and the mask only: it is built once and
+reused by the next calls whose lengths and mask are equal by value (the layers of one forward); the paged slots and
+K/V are read anew by every call.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from ....core.attention import folded_sdpa, group_mask
+from ....core.paged_attention import attention_kernel, kernel_takes
 from ._common import _long
 
 __all__ = ["decode_attention_cpu", "extend_attention_cpu"]
 
 # Most float32 scores the explicit (logit_cap / sinks) path holds at once: 64 MiB.
 _SCORE_BUDGET = 1 << 24
+_NONE = torch.empty(0)  # the kernel's "not given" tensor
+
+
+def _kernel(logit_cap: float, sinks, query_rows: int, requests: int, *tensors: torch.Tensor) -> Any:
+    """The paged-attention kernel where it computes this call (``core/paged_attention.py``), else None."""
+    if logit_cap > 0 or sinks is not None:
+        return None
+    q, o, k_buf, v_buf, *new = tensors
+    if not kernel_takes(q, o, k_buf, v_buf, query_rows, requests) or any(t.dtype != torch.float32 for t in new):
+        return None
+    return attention_kernel()
 
 
 def _check_supported(op: str, is_cross_attn: bool, sliding_window_size: int, encoder_lens) -> None:
@@ -97,6 +115,14 @@ def _check_heads(op: str, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Ten
         raise RuntimeError(f"{op}: sinks has {sinks.numel()} entries, expected one per query head ({heads})")
 
 
+def _slot_table(op: str, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, width: int) -> torch.Tensor:
+    """``[R, width]`` int64 (contiguous, a new tensor): ``req_to_token[rpi[r], :width]``; entries past a row's
+    sequence may hold stale or garbage slots."""
+    if width > req_to_token.shape[1]:
+        raise RuntimeError(f"{op}: sequence length {width} exceeds req_to_token's {req_to_token.shape[1]} columns")
+    return req_to_token.index_select(0, _long(req_pool_indices))[:, :width].to(torch.long).contiguous()
+
+
 def _cache_slots(
     op: str, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, ok: torch.Tensor | None, width: int
 ) -> torch.Tensor:
@@ -105,9 +131,7 @@ def _cache_slots(
 
     Entries outside ``ok`` are never used as indices (they may hold stale or garbage slots).
     """
-    if width > req_to_token.shape[1]:
-        raise RuntimeError(f"{op}: sequence length {width} exceeds req_to_token's {req_to_token.shape[1]} columns")
-    rows = req_to_token.index_select(0, _long(req_pool_indices))[:, :width].to(torch.long)
+    rows = _slot_table(op, req_to_token, req_pool_indices, width)
     return (rows if ok is None else rows.masked_fill_(~ok, 0)).reshape(-1)
 
 
@@ -221,6 +245,14 @@ def decode_attention_cpu(
     if rows == 0:
         return
     width = int(seq.max())
+    kernel = _kernel(logit_cap, sinks, 1, rows, query, output, k_cache, v_cache)
+    if kernel is not None:  # row r: query row r, its seq_lens[r] cached keys, all visible
+        meta = torch.stack((torch.arange(rows), torch.ones_like(seq), seq, seq, torch.zeros_like(seq)), 1)
+        slots = _slot_table(op, req_to_token, req_pool_indices, width)
+        kernel.paged_attention(
+            query, output, k_cache, v_cache, _NONE, _NONE, slots, meta, _NONE, 0, sm_scale, key_scale, value_scale
+        )
+        return
     explicit = logit_cap > 0 or sinks is not None
     visible = torch.arange(width) < seq[:, None] if rows > 1 or explicit else None  # [R, L]; one row sees all
     slots = _cache_slots(op, req_to_token, req_pool_indices, visible if rows > 1 else None, width)
@@ -311,6 +343,19 @@ def extend_attention_cpu(
     if lay is None:
         return
     lq, lk = lay.visible.shape[1], lay.visible.shape[2]
+    news = (k_extend, v_extend) if fresh else ()
+    kernel = _kernel(logit_cap, sinks, lq, bs, q_extend, o_extend, k_buffer, v_buffer, *news)
+    if kernel is not None:
+        k_new, v_new = (
+            (t.reshape(-1, *b.shape[1:]) for t, b in zip(news, (k_buffer, v_buffer))) if fresh else (_NONE,) * 2
+        )
+        mode = 2 if custom_mask is not None else int(is_causal)
+        slots = _slot_table(op, req_to_token, req_pool_indices, lk)
+        kernel.paged_attention(
+            q_extend, o_extend, k_buffer, v_buffer, k_new, v_new, slots, lay.meta, lay.visible if mode == 2 else _NONE,
+            mode, sm_scale, key_scale, value_scale,
+        )  # fmt: skip
+        return
     q = q_extend.index_select(0, lay.q_flat).to(torch.float32).view(bs, lq, *q_extend.shape[1:]).transpose(1, 2)
     slots = _cache_slots(op, req_to_token, req_pool_indices, lay.cached, lk)
     k = _load(k_buffer, slots, bs, key_scale)  # [bs, L, Hkv, D]
@@ -336,7 +381,8 @@ class _Layout(NamedTuple):
     out_rows: torch.Tensor  # [T] their rows of o_extend
     cached: torch.Tensor  # [bs, L] bool: keys read from the paged cache
     fresh_keys: tuple  # (padded key row b * L + j, k_extend row) of each key taken from k_extend; () without
-    visible: torch.Tensor  # [bs, Lq, L] bool
+    visible: torch.Tensor  # [bs, Lq, L] bool, contiguous
+    meta: torch.Tensor  # [bs, 5] int64: the paged-attention kernel's (q_row, n_q, n_cached, n_keys, new_row)
     masks: dict  # query heads per KV head -> the folded additive mask (``_additive``), made at first use
 
     def mask(self, group: int) -> torch.Tensor | None:
@@ -372,9 +418,10 @@ def _extend_layout(op, seq, ext, start, custom_mask, is_causal: bool, fresh: boo
             new = (j >= prefix[:, None]) & (j < seq[:, None])  # [bs, L]: keys of this extend
             b_idx, j_idx = new.nonzero(as_tuple=True)
             fresh_keys = (b_idx * lk + j_idx, start[b_idx] + j_idx - prefix[b_idx])
-        visible = _extend_visibility(op, custom_mask, is_causal, prefix, ext, seq, lq, lk)
+        visible = _extend_visibility(op, custom_mask, is_causal, prefix, ext, seq, lq, lk).contiguous()
         valid_flat = q_valid.reshape(-1).nonzero().reshape(-1)
-        lay = _Layout(q_rows.reshape(-1), valid_flat, q_rows[q_valid], cached, fresh_keys, visible, {})
+        meta = torch.stack((start, ext, prefix if fresh else seq, seq, start), 1)
+        lay = _Layout(q_rows.reshape(-1), valid_flat, q_rows[q_valid], cached, fresh_keys, visible, meta, {})
     _LAST[:] = [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in key), lay]
     return lay
 

@@ -1,0 +1,60 @@
+"""Build-at-first-use CPU kernels (``csrc/``): one loader for every C++ extension the plugin ships.
+
+Each kernel is compiled for the machine it runs on (``-O3 -march=native -fopenmp``) by
+``torch.utils.cpp_extension.load`` and cached by torch under ``~/.cache/torch_extensions``; the module name carries
+torch's CPU capability, so machines sharing a cache never load a build for another instruction set.
+``tools/setup.sh`` builds them once (about 30 s each) instead of at the first forward.  Where a kernel cannot be built
+(no compiler, no ninja) its caller keeps its torch path, after one warning per kernel and process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["cpu_kernel"]
+
+_CSRC = Path(__file__).with_name("csrc")
+_lock = threading.Lock()
+_built: dict[str, Any] = {}  # kernel name -> module, or False where it cannot be built
+
+
+def cpu_kernel(name: str, fallback: str) -> Any:
+    """The compiled ``csrc/<name>.cpp`` (built on first use), or None where it cannot be built (one warning naming
+    ``fallback``, what the caller does instead)."""
+    if name not in _built:
+        with _lock:
+            if name not in _built:
+                _built[name] = _build(name, fallback)
+    return _built[name] or None
+
+
+def _build(name: str, fallback: str) -> Any:
+    # importing cpp_extension on a CPU-only machine logs "No CUDA runtime is found" and, with a driver stub, warns
+    # that the driver is too old: both true, neither a concern of a CPU build
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    isa = torch.backends.cpu.get_cpu_capability().lower()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="CUDA initialization", category=UserWarning)
+            from torch.utils.cpp_extension import load
+
+            return load(
+                name=f"sage_{name}_{isa}",
+                sources=[str(_CSRC / f"{name}.cpp")],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                verbose=False,
+            )
+    except Exception as exc:
+        warnings.warn(f"sage_plugin: the CPU kernel {name} could not be built ({exc}); {fallback}", stacklevel=4)
+        return False
+    finally:
+        log.setLevel(level)
