@@ -9,6 +9,7 @@ torch's CPU capability, so machines sharing a cache never load a build for anoth
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import warnings
@@ -34,6 +35,14 @@ def cpu_kernel(name: str, fallback: str) -> Any:
     return _built[name] or None
 
 
+def _headers_digest() -> str:
+    """The first 16 hex digits of a SHA-256 over ``csrc/*.h`` (names and contents)."""
+    digest = hashlib.sha256()
+    for header in sorted(_CSRC.glob("*.h")):
+        digest.update(header.name.encode() + b"\0" + header.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _build(name: str, fallback: str) -> Any:
     # importing cpp_extension on a CPU-only machine logs "No CUDA runtime is found" and, with a driver stub, warns
     # that the driver is too old: both true, neither a concern of a CPU build
@@ -49,7 +58,8 @@ def _build(name: str, fallback: str) -> Any:
             return load(
                 name=f"sage_{name}_{isa}",
                 sources=[str(_CSRC / f"{name}.cpp")],
-                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                # torch rebuilds when a source or a flag changes; the headers' digest as a flag covers them too
+                extra_cflags=["-O3", "-march=native", "-fopenmp", f"-DSAGE_CSRC_HEADERS=0x{_headers_digest()}"],
                 extra_ldflags=["-fopenmp"],
                 verbose=False,
             )

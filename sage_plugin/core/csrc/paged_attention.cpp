@@ -16,6 +16,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "lanes.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -24,49 +26,21 @@
 
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int64_t LANES = 16;
-#else
-constexpr int64_t LANES = 8;
-#endif
-typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
-typedef int32_t ivec __attribute__((vector_size(LANES * sizeof(int32_t))));
+using sage::ivec;
+using sage::LANES;
+using sage::load;
+using sage::reduce;
+using sage::store;
+using sage::vec;
 
-inline vec load(const float* p) {
-  vec v;
-  __builtin_memcpy(&v, p, sizeof(vec));
-  return v;
-}
-
-inline void store(float* p, vec v) { __builtin_memcpy(p, &v, sizeof(vec)); }
-
-// The sum of a vector's lanes: lanes l and l + w added for w = LANES / 2, ..., 1 (a fixed halving tree).
-inline float hsum(vec v) {
-  typedef float v4 __attribute__((vector_size(4 * sizeof(float))));
-#if defined(__AVX512F__)
-  typedef float v8 __attribute__((vector_size(8 * sizeof(float))));
-  v8 lo8, hi8;
-  __builtin_memcpy(&lo8, &v, sizeof(v8));
-  __builtin_memcpy(&hi8, reinterpret_cast<const char*>(&v) + sizeof(v8), sizeof(v8));
-  const v8 s8 = lo8 + hi8;
-#else
-  const vec s8 = v;
-#endif
-  v4 lo4, hi4;
-  __builtin_memcpy(&lo4, &s8, sizeof(v4));
-  __builtin_memcpy(&hi4, reinterpret_cast<const char*>(&s8) + sizeof(v4), sizeof(v4));
-  const v4 s4 = lo4 + hi4;
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-}
-
-// q . k over d: LANES strided partial sums reduced by hsum, then the tail in order.
+// q . k over d: LANES strided partial sums reduced by reduce(), then the tail in order.
 inline float dot(const float* q, const float* k, int64_t d) {
   const int64_t body = d - d % LANES;
   float total = 0.0f;
   if (body > 0) {
     vec acc = load(q) * load(k);
     for (int64_t i = LANES; i < body; i += LANES) acc += load(q + i) * load(k + i);
-    total = hsum(acc);
+    total = reduce(acc);
   }
   for (int64_t i = body; i < d; ++i) total += q[i] * k[i];
   return total;

@@ -14,27 +14,24 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "lanes.h"
+
 #include <cstdint>
 
 namespace {
 
+using sage::ivec;
+using sage::LANES;
+using sage::load;
+using sage::reduce;
+using sage::vec;
 #if defined(__AVX512F__)
-constexpr int LANES = 16;
 constexpr int R = 4;  // 4 x 4 accumulators + 4 w + 1 x of 32 zmm registers
 #else
-constexpr int LANES = 8;
 constexpr int R = 3;  // 4 x 3 accumulators + 3 w + 1 x of 16 ymm registers
 #endif
 constexpr int MB = 4;
-typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
-typedef int32_t ivec __attribute__((vector_size(LANES * sizeof(int32_t))));
 typedef uint16_t hvec __attribute__((vector_size(LANES * sizeof(uint16_t))));
-
-inline vec load(const float* p) {
-  vec v;
-  __builtin_memcpy(&v, p, sizeof(vec));
-  return v;
-}
 
 // LANES bfloat16 (their bits) widened to float32: each one the high 16 bits of its float, the low 16 zero.
 inline vec load(const uint16_t* p) {
@@ -44,14 +41,6 @@ inline vec load(const uint16_t* p) {
   vec v;
   __builtin_memcpy(&v, &bits, sizeof(vec));
   return v;
-}
-
-inline float reduce(vec a) {
-  float s[LANES];
-  __builtin_memcpy(s, &a, sizeof(vec));
-  for (int h = LANES / 2; h >= 1; h /= 2)
-    for (int l = 0; l < h; ++l) s[l] += s[l + h];
-  return s[0];
 }
 
 // One halving step of reduce() on two vectors at once.  Each vector holds LANES / (2 H) blocks of 2 H lanes, a block

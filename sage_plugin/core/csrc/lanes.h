@@ -1,0 +1,46 @@
+// The vector type of the plugin's CPU kernels (rows_linear.cpp, paged_attention.cpp) and its fixed-order lane sum.
+// LANES float32 lanes: 16 where the compiler targets AVX-512, else 8 (AVX2); GCC vector extensions, so the kernels
+// build with -march=native on either.
+#pragma once
+
+#include <cstdint>
+
+namespace sage {
+
+#if defined(__AVX512F__)
+constexpr int LANES = 16;
+#else
+constexpr int LANES = 8;
+#endif
+typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+typedef int32_t ivec __attribute__((vector_size(LANES * sizeof(int32_t))));
+
+inline vec load(const float* p) {
+  vec v;
+  __builtin_memcpy(&v, p, sizeof(vec));
+  return v;
+}
+
+inline void store(float* p, vec v) { __builtin_memcpy(p, &v, sizeof(vec)); }
+
+// The sum of a's lanes by a fixed halving tree: lanes l and l + h added for h = LANES / 2, ..., 1 (by half vectors).
+// Every kernel's results depend on this order; none depends on where a lane's value came from.
+inline float reduce(vec a) {
+  typedef float v4 __attribute__((vector_size(4 * sizeof(float))));
+#if defined(__AVX512F__)
+  typedef float v8 __attribute__((vector_size(8 * sizeof(float))));
+  v8 lo8, hi8;
+  __builtin_memcpy(&lo8, &a, sizeof(v8));
+  __builtin_memcpy(&hi8, reinterpret_cast<const char*>(&a) + sizeof(v8), sizeof(v8));
+  const v8 s8 = lo8 + hi8;
+#else
+  const vec s8 = a;
+#endif
+  v4 lo4, hi4;
+  __builtin_memcpy(&lo4, &s8, sizeof(v4));
+  __builtin_memcpy(&hi4, reinterpret_cast<const char*>(&s8) + sizeof(v4), sizeof(v4));
+  const v4 s4 = lo4 + hi4;
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+}  // namespace sage
