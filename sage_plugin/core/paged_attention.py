@@ -45,12 +45,9 @@ def attention_kernel() -> Any:
     return cpu_kernel("paged_attention", "attention gathers the cache rows and runs torch's SDPA")
 
 
-def kernel_takes(
-    q: torch.Tensor, o: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, query_rows: int, requests: int
-) -> bool:
-    """Whether the kernel computes this call: CPU float32 tensors with unit stride in the head dimension, and at most
-    ``query_rows`` per request as above (a prefill's long extend keeps torch's flash-style SDPA)."""
+def kernel_takes(query_rows: int, requests: int, *tensors: torch.Tensor) -> bool:
+    """Whether the kernel computes this call: ``tensors`` (queries, outputs, caches, an extend's own K / V) CPU float32
+    with unit stride in the head dimension, and at most ``query_rows`` per request as above (a prefill's long extend
+    keeps torch's flash-style SDPA)."""
     few = query_rows <= ALWAYS_ROWS or (query_rows <= MAX_QUERY_ROWS and query_rows * requests <= SMALL_CALL_ROWS)
-    return few and all(
-        t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in (q, o, k_buf, v_buf)
-    )
+    return few and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors)

@@ -146,7 +146,7 @@ void paged_attention(const at::Tensor& q, at::Tensor& o, const at::Tensor& k_buf
   // tasks of a small call run in the calling thread: waking the pool costs more than they do
   const int64_t tasks = bs * kv_heads, grain = work * group * (d + dv) < (1 << 16) ? tasks : 1;
   at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc;
+    std::vector<float> scores, acc, denom;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b = t / kv_heads, h = t % kv_heads;
       const int64_t q0 = m[b * 5], nq = m[b * 5 + 1], nc = m[b * 5 + 2], nk = m[b * 5 + 3], nr = m[b * 5 + 4];
@@ -176,7 +176,7 @@ void paged_attention(const at::Tensor& q, at::Tensor& o, const at::Tensor& k_buf
       }
       // softmax weights (unnormalised) in place: exp(s - max) by whole vectors, 0 for keys a row cannot see; the
       // denominator summed over the nonzero weights in key order
-      std::vector<float> denom(rows, 0.0f);
+      denom.assign(rows, 0.0f);
       for (int64_t x = 0; x < rows; ++x) {
         float* s = scores.data() + x * stride;
         vec most = vec{} + neg;  // the row's maximum (padding is -inf)

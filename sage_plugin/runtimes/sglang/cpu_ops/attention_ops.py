@@ -79,10 +79,7 @@ _NONE = torch.empty(0)  # the kernel's "not given" tensor
 
 def _kernel(logit_cap: float, sinks, query_rows: int, requests: int, *tensors: torch.Tensor) -> Any:
     """The paged-attention kernel where it computes this call (``core/paged_attention.py``), else None."""
-    if logit_cap > 0 or sinks is not None:
-        return None
-    q, o, k_buf, v_buf, *new = tensors
-    if not kernel_takes(q, o, k_buf, v_buf, query_rows, requests) or any(t.dtype != torch.float32 for t in new):
+    if logit_cap > 0 or sinks is not None or not kernel_takes(query_rows, requests, *tensors):
         return None
     return attention_kernel()
 
