@@ -130,6 +130,10 @@ def _serving_parser(sub) -> None:
     p.add_argument("--batch-sizes", default="1,8", help="comma list of concurrent requests per batch")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3, help="batches per batch size (server order alternates)")
+    p.add_argument("--servers", default="together", choices=("together", "alternate"), help="together: every "
+                   "method's server up at once, serving in turn; alternate: one server at a time, a fresh process "
+                   "per method and repeat (a process that runs slow for its whole life moves one repeat, not "
+                   "every figure of its method)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=1, help="unmeasured batches per batch size on every server first "
                    "(one-off costs at a new size: first kernels, SAGE's tier measurements there)")  # fmt: skip
     p.add_argument("--load", default="batch", choices=("batch", "stream"), help="batch: each repeat sends B "
@@ -202,7 +206,8 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, requests=serving_requests(prompts, target),
         methods=methods, eagle3=eagle3.resolve() if eagle3 else None, eagle3_config=Path(args.eagle3_config).resolve(),
         urls=urls, warmup=args.warmup, load=args.load, stream_per_slot=args.stream_per_slot,
-        length_ratio=args.length_range_ratio, variants=serving_variants(args.methods, SERVING_METHODS),
+        length_ratio=args.length_range_ratio, servers=args.servers,
+        variants=serving_variants(args.methods, SERVING_METHODS),
     )  # fmt: skip
     report["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
     report["prompts"] = args.prompts or args.datasets

@@ -1,13 +1,14 @@
 """``sage bench-serving``: SGLang serving with SAGE against plain SGLang and SGLang's own speculative modes, in one run.
 
-One ``python -m sglang.launch_server`` process per ``--methods`` entry runs at once (each in its own process
-group, on 127.0.0.1), all on the same target and draft: ``plain`` (the SAGE config's flags minus the speculative
+One ``python -m sglang.launch_server`` process per ``--methods`` entry (each in its own process group, on
+127.0.0.1; all up at once, or with ``--servers alternate`` one at a time, a fresh one per repeat), all on the same
+target and draft: ``plain`` (the SAGE config's flags minus the speculative
 ones), ``sage`` (the ``--config`` YAML), ``sage-single`` (the same without ``--sage-tiers``: SAGE at its one largest
 shape), ``standalone`` (SGLang's STANDALONE chain with the same draft: 3 steps,
 top-k 1, 4 tokens) and ``standalone-tree`` (STANDALONE at SAGE's own steps / top-k / verified tokens).  For each
 batch size B the same B prompts (bundled MT-Bench / GSM8K / HumanEval, the bundled image prompts, or a prompt file;
 chat template applied, images as base64 ``image_data``) are sent concurrently, greedy, ``max_new_tokens`` each, to
-every server in turn, rotating the order per repeat, so machine noise hits all alike.  Reported per method and
+every method's server in turn, rotating the order per repeat, so machine noise hits all alike.  Reported per method and
 batch size: output tokens/s (completion tokens over the wall time of the batch, prefill included; with ``--load
 stream`` B is the number of closed-loop client slots and each repeat serves ``--stream-per-slot`` x B requests,
 continuous batching as production serving runs it), the ratio to
@@ -38,10 +39,11 @@ from ..config import ConfigError
 from ..data.prompts import Prompt, image_data_url, multimodal_messages, render_chat
 from ..models import load_tokenizer
 from .servers import SERVER_START_TIMEOUT_S, HttpServer, RemoteServer, Server, parallel, parse_urls
+from .serving_report import format_table, write_serving_plot
 from .variants import entry_name, method_entries, serving_variants
 
 __all__ = [
-    "SERVER_START_TIMEOUT_S", "SERVING_METHODS", "RemoteServer", "Server", "format_table", "method_args", "parallel",
+    "SERVER_MODES", "SERVER_START_TIMEOUT_S", "SERVING_METHODS", "RemoteServer", "Server", "format_table", "method_args", "parallel",
     "parse_serving_methods", "parse_urls", "serving_variants", "plain_flags", "run_serving_bench", "serving_requests",
     "write_serving_plot",
 ]  # fmt: skip
@@ -96,6 +98,7 @@ class _Side:
     latencies: list[float] = field(default_factory=list)
     accept: list[float] = field(default_factory=list)
     sage: list[dict] = field(default_factory=list)
+    repeats: list[float] = field(default_factory=list)  # tok/s of each measured batch
 
 
 #: ``--methods`` of ``sage bench-serving``: each a server on the same target (``plain`` is the reference).
@@ -188,7 +191,9 @@ def _run_batch(
 
     t0 = time.perf_counter()
     results = parallel(one, requests, concurrency)
-    side.seconds += time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    side.seconds += seconds
+    side.repeats.append(sum(o["meta_info"]["completion_tokens"] for o, _ in results) / seconds)
     for o, latency in results:
         meta = o["meta_info"]
         side.tokens += meta["completion_tokens"]
@@ -258,8 +263,18 @@ def _row(method: str, bs: int, side: _Side, plain: _Side, same: bool, requests: 
         "identical": same, "accept_length": statistics.fmean(side.accept) if side.accept else None,
         "p50_latency_s": _percentile(side.latencies, 0.5), "p99_latency_s": _percentile(side.latencies, 0.99),
         "mean_alpha": mean("mean_alpha"), "mean_depth": mean("mean_depth"), "mean_width": mean("mean_width"),
-        "requests": requests, "load": load,
+        "requests": requests, "load": load, "tok_s_repeats": list(side.repeats),
     }  # fmt: skip
+
+
+def _rotated(methods: list[str], r: int) -> list[str]:
+    """Repeat ``r``'s server order: ``methods`` rotated by ``r`` (each method first once every ``len`` repeats)."""
+    k = r % len(methods)
+    return [*methods[k:], *methods[:k]]
+
+
+#: ``--servers``: all methods' servers up at once (``together``), or one at a time, each repeat a fresh process
+SERVER_MODES = ("together", "alternate")
 
 
 def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str, str], log_dir: Path,
@@ -267,18 +282,24 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
                       methods: list[str] = ("plain", "sage"), eagle3: Path | None = None,
                       eagle3_config: Path | None = None, urls: dict[str, str] | None = None,
                       warmup: int = 1, load: str = "batch", stream_per_slot: int = 4,
-                      length_ratio: float = 1.0,
+                      length_ratio: float = 1.0, servers: str = "together",
                       variants: dict[str, tuple[str, list[str]]] | None = None) -> dict[str, Any]:  # fmt: skip
-    """Launch one server per method (all at once; a method in ``urls`` is that running server instead; a name in
-    ``variants`` is its method's server with the extra flags, :func:`serving_variants`), measure
-    every batch size ``repeats`` times, stop the servers it launched.
+    """Measure every method at every batch size ``repeats`` times on its own server (a method in ``urls`` is that
+    running server; a name in ``variants`` is its method's server with the extra flags, :func:`serving_variants`)
+    and stop the servers it launched.
 
-    Before the measured batches of each batch size every server serves ``warmup`` unmeasured batches of that size
-    (the first measured batch's requests): one-off costs at a new size (first kernels of a shape, SAGE's start-up
-    tier measurements there, which a graph-capturing runtime makes at launch) stay out of the figures of a run
-    that is short next to a server's life.
+    ``servers``: ``"together"`` launches one server per method, all up at once, and serves each batch size's
+    repeats on every server in turn, the order rotating per repeat so machine noise hits all alike;
+    ``"alternate"`` runs one server at a time: per repeat, each method in the rotated order is launched, serves its
+    batch of every batch size and is stopped.  Each repeat is then a fresh process per method with the machine
+    to itself: no idle neighbour in memory, and a process that happens to run slow for its whole life (seen on
+    shared 2-core VMs, ~20%) moves one repeat, not every figure of its method.
 
-    The same batch goes to every server in turn; the order rotates per repeat so machine noise hits all alike.
+    On every server the first requests pay one-off costs unmeasured (two short requests), and before the measured
+    batch of each batch size it serves ``warmup`` unmeasured batches of that size (the first measured batch's
+    requests): first kernels of a shape, SAGE's start-up tier measurements there (which a graph-capturing runtime
+    makes at launch) stay out of the figures of a run that is short next to a server's life.
+
     ``load``: ``"batch"`` sends a repeat's B requests at once and times the batch until its last request returns
     (speculative requests finish at different steps, so the batch ends at a small batch size); ``"stream"`` sends a
     repeat's ``stream_per_slot * B`` requests through B closed-loop client slots (a slot sends its next request when
@@ -288,112 +309,83 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
     (:func:`output_caps`; 1: every request runs to ``max_new_tokens`` unless it stops).
     ``requests`` are ``/generate`` payloads without sampling parameters (:func:`serving_requests`); ``methods``
     start with ``plain`` (:func:`parse_serving_methods`).  Returns the report dict (``rows``: one per method and
-    batch size).
+    batch size, with each repeat's tok/s in ``tok_s_repeats``).
     """
     if load not in ("batch", "stream") or stream_per_slot < 1:
         raise ConfigError(f"--load batch|stream and --stream-per-slot >= 1, got {load!r} and {stream_per_slot}")
+    if servers not in SERVER_MODES:
+        raise ConfigError(f"--servers must be one of {', '.join(SERVER_MODES)}, got {servers!r}")
     caps = output_caps(len(requests), max_new_tokens, length_ratio)
     if length_ratio < 1.0:
         requests = [{**r, CAP_KEY: c} for r, c in zip(requests, caps, strict=True)]
     log_dir.mkdir(parents=True, exist_ok=True)
     urls = urls or {}
-    servers: dict[str, HttpServer] = {}
-    rows = []
-    info: dict[str, Any] = {}
-    sage_state: dict[str, Any] = {}
+    up: dict[str, HttpServer] = {}  # servers running now
+    sage_sizes: dict[str, int] = {}  # the SAGE server's steps / topk / draft tokens, for standalone-tree
+    sides = {(bs, m): _Side() for bs in batch_sizes for m in methods}
+    outs: dict[tuple[int, int, str], list[list[int]]] = {}
+    states: dict[str, dict] = {}
+    launches = dict.fromkeys(methods, 0)
+    bases = {m: (variants or {}).get(m, (m,))[0] for m in methods}  # each name's method (a variant's base)
+
+    def start(m: str) -> HttpServer:
+        if m in urls:
+            up[m] = RemoteServer(m, urls[m])
+        else:
+            extra = (variants or {}).get(m, (m, []))[1]
+            argv = method_args(bases[m], config, target, draft, sage_sizes or None, eagle3, eagle3_config) + extra
+            up[m] = Server(argv, env, log_dir / f"{m}{'' if not launches[m] else f'.{launches[m]}'}.log")
+            launches[m] += 1
+        if m == "sage" and not sage_sizes and "standalone-tree" in bases.values():
+            info = up[m].get("/server_info")
+            sage_sizes.update({k: info[k.replace("-", "_")] for k in _SIZE_KEYS})
+        parallel(lambda r: up[m].post("/generate", _payload(r, 8)), requests[:2])  # one-off costs, unmeasured
+        return up[m]
+
+    def warm(server: HttpServer, bs: int) -> None:
+        for _ in range(warmup):
+            _run_batch(server, _batch(requests, bs, 0), max_new_tokens, _Side())
+
+    def measure(m: str, bs: int, r: int) -> None:
+        n = bs * (stream_per_slot if load == "stream" else 1)
+        slots = bs if load == "stream" else None
+        outs[bs, r, m] = _run_batch(up[m], _batch(requests, n, r), max_new_tokens, sides[bs, m], slots)
+
     try:
-        for m in methods:
-            if m in urls:
-                servers[m] = RemoteServer(m, urls[m])
-                continue
-            sizes = None
-            if m == "standalone-tree" and "sage" in servers:  # SGLang's STANDALONE at the SAGE server's sizes
-                sinfo = servers["sage"].get("/server_info")
-                sizes = {k: sinfo[k.replace("-", "_")] for k in _SIZE_KEYS}
-            base, extra = (variants or {}).get(m, (m, []))
-            argv = method_args(base, config, target, draft, sizes, eagle3, eagle3_config) + extra
-            servers[m] = Server(argv, env, log_dir / f"{m}.log")
-        for server in servers.values():  # warm-up: first requests pay one-off costs
-            parallel(lambda r, s=server: s.post("/generate", _payload(r, 8)), requests[:2])
-        for bs in batch_sizes:
-            sides = {m: _Side() for m in methods}
-            same = dict.fromkeys(methods, True)
-            for _ in range(warmup):
+        if servers == "together":
+            for m in methods:
+                start(m)
+            for bs in batch_sizes:
                 for m in methods:
-                    _run_batch(servers[m], _batch(requests, bs, 0), max_new_tokens, _Side())
-            n = bs * (stream_per_slot if load == "stream" else 1)
-            slots = bs if load == "stream" else None
+                    warm(up[m], bs)
+                for r in range(repeats):
+                    for m in _rotated(methods, r):
+                        measure(m, bs, r)
+            states = {m: up[m].get("/server_info") for m in methods}
+        else:
             for r in range(repeats):
-                batch = _batch(requests, n, r)
-                order = methods[r % len(methods) :] + methods[: r % len(methods)]
-                outs = {m: _run_batch(servers[m], batch, max_new_tokens, sides[m], slots) for m in order}
-                for m in methods:
-                    same[m] &= outs[m] == outs["plain"]
-            rows += [_row(m, bs, sides[m], sides["plain"], same[m], repeats * n, load) for m in methods]
-        states = {m: servers[m].get("/server_info") for m in methods}
-        info = {m: st.get("speculative_algorithm") for m, st in states.items()}
-        # SAGE servers' own state at the end (per tier: steps run, expected tokens, measured cost per batch size)
-        sage_state = {m: (st.get("internal_states") or [{}])[0].get("sage") for m, st in states.items()
-                      if (variants or {}).get(m, (m,))[0].startswith("sage")}  # fmt: skip
+                for m in _rotated(methods, r):
+                    start(m)
+                    for bs in batch_sizes:
+                        warm(up[m], bs)
+                        measure(m, bs, r)
+                    states[m] = up[m].get("/server_info")  # the last repeat's server
+                    up.pop(m).stop()
     finally:
-        for server in servers.values():
+        for server in up.values():
             server.stop()
+    rows = []
+    for bs in batch_sizes:
+        for m in methods:
+            same = all(outs[bs, r, m] == outs[bs, r, "plain"] for r in range(repeats))
+            n = repeats * bs * (stream_per_slot if load == "stream" else 1)
+            rows.append(_row(m, bs, sides[bs, m], sides[bs, "plain"], same, n, load))
+    info = {m: st.get("speculative_algorithm") for m, st in states.items()}
+    # SAGE servers' own state at the end (per tier: steps run, expected tokens, measured cost per batch size)
+    sage_state = {m: (st.get("internal_states") or [{}])[0].get("sage") for m, st in states.items()
+                  if bases[m].startswith("sage")}  # fmt: skip
     return {"rows": rows, "algorithms": info, "methods": list(methods), "config": str(config), "target": str(target),
             "draft": str(draft), "eagle3_head": None if eagle3 is None else str(eagle3),
             "max_new_tokens": max_new_tokens, "warmup": warmup, "load": load, "stream_per_slot": stream_per_slot,
-            "length_range_ratio": length_ratio,
+            "length_range_ratio": length_ratio, "servers": servers, "launches": launches,
             "sage_state": sage_state, "urls": dict(urls)}  # fmt: skip
-
-
-def _load_line(report: dict[str, Any]) -> str:
-    ratio = report.get("length_range_ratio", 1.0)
-    caps = "" if ratio >= 1.0 else f"; output caps drawn per prompt from [{ratio:g}, 1] x {report['max_new_tokens']}"
-    if report.get("load", "batch") == "stream":
-        return (f"load: stream, {report['stream_per_slot']} requests per client slot, `batch` = concurrent slots "
-                f"(continuous batching){caps}")  # fmt: skip
-    return f"load: batch, `batch` requests sent together, timed until the last returns{caps}"
-
-
-def format_table(report: dict[str, Any]) -> str:
-    """Markdown table of :func:`run_serving_bench`'s report (speed-up: over ``plain`` at the same batch size)."""
-    lines = [
-        f"SGLang serving, greedy, {report['max_new_tokens']} new tokens per request (draft: {report['draft']})",
-        _load_line(report),
-        "",
-        "| batch | method | tok/s | speed-up | accept length | p50 / p99 latency s | mean alpha | mean D | mean W "
-        "| identical |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|:---:|",
-    ]
-
-    def f(x: float | None, fmt: str = ".2f") -> str:
-        return "-" if x is None else format(x, fmt)
-
-    for r in report["rows"]:
-        lines.append(
-            f"| {r['batch_size']} | {r['method']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | {f(r['accept_length'])} "
-            f"| {r['p50_latency_s']:.2f} / {r['p99_latency_s']:.2f} | {f(r['mean_alpha'])} | {f(r['mean_depth'])} "
-            f"| {f(r['mean_width'])} | {'yes' if r['identical'] else 'NO'} |"
-        )
-    return "\n".join(lines)
-
-
-def write_serving_plot(report: dict[str, Any], out_dir: Path) -> Path:
-    """``serving_tok_s.png``: tokens/s by batch size, one line per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for m in report["methods"]:
-        rows = [r for r in report["rows"] if r["method"] == m]
-        ax.plot([r["batch_size"] for r in rows], [r["tok_s"] for r in rows], marker="o", label=m)
-    ax.set_xlabel("concurrent requests")
-    ax.set_ylabel("output tokens/s")
-    ax.set_title("SGLang serving, same target and draft")
-    ax.legend()
-    path = out_dir / "serving_tok_s.png"
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path

@@ -54,17 +54,21 @@ def test_format_table_and_plot(tmp_path):
                  _row("plain", 8, 52.4, 1.0, None, (None, None, None), True),
                  _row("sage", 8, 28.4, 0.54, None, (None, None, None), False)],
     }  # fmt: skip
+    report["rows"][0]["tok_s_repeats"] = [10.0, 20.0]
+    report["rows"][1]["tok_s_repeats"] = [8.0, 12.0]  # 0.80x and 0.60x of plain in the same repeats
     table = format_table(report).splitlines()
     assert table[0].startswith("SGLang serving, greedy, 64 new tokens per request")
     assert table[1].startswith("load: batch")  # a report without "load" was measured in batch mode
-    assert table[5] == "| 1 | plain | 14.8 | 1.00x | - | 4.25 / 5.50 | - | - | - | yes |"
-    assert table[6] == "| 1 | sage | 7.7 | 0.52x | 1.80 | 4.25 / 5.50 | 0.41 | 2.60 | 2.80 | yes |"
-    assert table[8] == "| 8 | sage | 28.4 | 0.54x | - | 4.25 / 5.50 | - | - | - | NO |"
+    assert table[2].startswith("servers: together")  # ... and without "servers" with all servers up at once
+    assert table[6] == "| 1 | plain | 14.8 | 1.00x | 1.00-1.00x | - | 4.25 / 5.50 | - | - | - | yes |"
+    assert table[7] == "| 1 | sage | 7.7 | 0.52x | 0.60-0.80x | 1.80 | 4.25 / 5.50 | 0.41 | 2.60 | 2.80 | yes |"
+    assert table[9] == "| 8 | sage | 28.4 | 0.54x | - | - | 4.25 / 5.50 | - | - | - | NO |"
     assert (
         format_table({**report, "load": "stream", "stream_per_slot": 4})
         .splitlines()[1]
         .startswith("load: stream, 4 requests per client slot")
     )
+    assert format_table({**report, "servers": "alternate"}).splitlines()[2].startswith("servers: alternate")
     path = write_serving_plot(report, tmp_path)
     assert path.name == "serving_tok_s.png" and path.stat().st_size > 1000
 
@@ -427,3 +431,109 @@ def test_variants_pass_sglang_flags_on_any_method():
     for bad in ("x=sage:--sage-ragged-verify=true", "x=plain:--Bad_Flag=1", "x=plain:-v=1"):
         with pytest.raises(ConfigError, match="not an SGLang flag"):
             serving_variants(bad, SERVING_METHODS)
+
+
+# ------------------------------------------------------------------------------------------ --servers alternate
+
+
+class _Launches:
+    """A stand-in for ``Server`` (a launched ``sglang.launch_server``): each launch is a new fake HTTP server, the
+    SAGE one answering ``/server_info`` with its sizes, the one logging to a name in ``odd`` answering that prompt
+    differently; records every launch's method, argv and fake, and how many launched servers were ever up at once."""
+
+    SIZES = {"speculative_num_steps": 6, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 12}
+
+    def __init__(self, odd: dict[str, str] | None = None) -> None:
+        self.odd = odd or {}
+        self.launched: list[tuple[str, list[str], _FakeSGLang]] = []
+        self.live = self.peak = 0
+
+    def __call__(self, argv: list[str], env: dict, log: Path):
+        from sage_plugin.bench.servers import HttpServer
+
+        launches, method = self, log.name.split(".")[0]
+        shift = {"shift": 1, "shift_text": self.odd[log.name]} if log.name in self.odd else {}
+        fake = _FakeSGLang(accept=None if method == "plain" else 2.0, **shift)
+        self.launched.append((method, argv, fake))
+        self.live += 1
+        self.peak = max(self.peak, self.live)
+
+        class Launched(HttpServer):
+            base_url = fake.url
+
+            def get(self, path: str) -> dict:
+                info = super().get(path)
+                return {**info, **launches.SIZES} if method == "sage" else info
+
+            def stop(self) -> None:
+                launches.live -= 1
+                fake.close()
+
+        return Launched()
+
+
+def _alternate_bench(tmp_path, monkeypatch, methods: list[str], repeats: int, odd=None, **kw):
+    import sage_plugin.bench.serving as serving
+
+    launches = _Launches(odd)
+    monkeypatch.setattr(serving, "Server", launches)
+    requests = [{"text": "q" * (i + 1)} for i in range(6)]
+    report = serving.run_serving_bench(
+        config=CPU_CONFIG, target=Path("/t"), draft=Path("/d"), env={}, log_dir=tmp_path, batch_sizes=[1, 2],
+        max_new_tokens=4, repeats=repeats, requests=requests, methods=methods, **{"servers": "alternate", **kw},
+    )  # fmt: skip
+    return report, launches
+
+
+def test_alternate_servers_run_one_at_a_time_a_fresh_process_per_repeat(tmp_path, monkeypatch):
+    report, launches = _alternate_bench(tmp_path, monkeypatch, ["plain", "sage", "standalone"], repeats=3)
+    assert launches.peak == 1 and launches.live == 0  # never two up at once, all stopped
+    # per repeat each method once, the order rotating: every method first once
+    assert [m for m, _, _ in launches.launched] == ["plain", "sage", "standalone", "sage", "standalone", "plain",
+                                                    "standalone", "plain", "sage"]  # fmt: skip
+    assert report["servers"] == "alternate" and report["launches"] == {"plain": 3, "sage": 3, "standalone": 3}
+    rows = {(r["method"], r["batch_size"]): r for r in report["rows"]}
+    assert all(r["identical"] and len(r["tok_s_repeats"]) == 3 and r["requests"] == 3 * r["batch_size"]
+               for r in rows.values())  # fmt: skip
+    assert rows[("sage", 2)]["accept_length"] == 2.0 and rows[("plain", 1)]["speedup"] == 1.0
+    for i, (_, _, fake) in enumerate(launches.launched):
+        rep = i // 3
+        texts = [(q["text"], q["sampling_params"]["max_new_tokens"]) for q in fake.requests]
+        # two short warm-up requests, then per batch size one unmeasured batch (repeat 0's) and this repeat's batch
+        assert sorted(texts[:2]) == [("q", 8), ("qq", 8)]
+        assert texts[2:4] == [("q", 4), ("q" * (rep + 1), 4)]
+        assert sorted(texts[4:6]) == [("q", 4), ("qq", 4)]
+        assert sorted(texts[6:]) == [("q" * (2 * rep + 1), 4), ("q" * (2 * rep + 2), 4)]
+    assert set(report["sage_state"]) == {"sage"}
+
+
+def test_alternate_servers_compare_outputs_repeat_by_repeat(tmp_path, monkeypatch):
+    # the second standalone process (repeat 1) answers "qqq" differently: repeat 1 serves "qq" at batch 1 and
+    # "qqq" / "qqqq" at batch 2, so only batch 2 sees the wrong answer
+    report, _ = _alternate_bench(tmp_path, monkeypatch, ["plain", "standalone"], 2, odd={"standalone.1.log": "qqq"})
+    rows = {(r["method"], r["batch_size"]): r["identical"] for r in report["rows"]}
+    assert rows == {("plain", 1): True, ("standalone", 1): True, ("plain", 2): True, ("standalone", 2): False}
+
+
+def test_alternate_standalone_tree_takes_sages_sizes_whichever_runs_first(tmp_path, monkeypatch):
+    _, launches = _alternate_bench(tmp_path, monkeypatch, ["plain", "sage", "standalone-tree"], repeats=3)
+    trees = [argv for m, argv, _ in launches.launched if m == "standalone-tree"]
+    assert len(trees) == 3  # the last repeat launches it before SAGE: the sizes come from SAGE's first server
+    for argv in trees:
+        flags = dict(zip(argv, argv[1:]))
+        assert (flags["--speculative-num-steps"], flags["--speculative-eagle-topk"],
+                flags["--speculative-num-draft-tokens"]) == ("6", "4", "12")  # fmt: skip
+
+
+def test_bad_server_mode_is_refused_before_any_launch(tmp_path, monkeypatch):
+    import sage_plugin.bench.serving as serving
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("launched before the mode was checked")
+
+    monkeypatch.setattr(serving, "Server", no_launch)
+    with pytest.raises(ConfigError, match="--servers must be one of together, alternate, got 'mixed'"):
+        serving.run_serving_bench(
+            config=CPU_CONFIG, target=Path("/t"), draft=Path("/d"), env={}, log_dir=tmp_path, batch_sizes=[1],
+            max_new_tokens=4, repeats=1, requests=[{"text": "q"}], methods=["plain", "sage"], servers="mixed",
+        )  # fmt: skip
