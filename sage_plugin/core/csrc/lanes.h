@@ -3,6 +3,8 @@
 // build with -march=native on either.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
 
 namespace sage {
@@ -22,6 +24,20 @@ inline vec load(const float* p) {
 }
 
 inline void store(float* p, vec v) { __builtin_memcpy(p, &v, sizeof(vec)); }
+
+// a * b + c in every lane: one rounding where the target has FMA, else two.  Spelled out rather than left to the
+// compiler's contraction of a * b + c, which GCC applied differently to two code shapes of one sum in the AVX2 build
+// of the rows kernel (a row of a 2-row call differed in its last bit from the row alone): every bit-for-bit guarantee
+// of the kernels rests on each sum being formed the same way wherever it is computed.
+inline vec madd(vec a, vec b, vec c) {
+#if defined(__AVX512F__)
+  return (vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+  return (vec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+  return a * b + c;
+#endif
+}
 
 // The sum of a's lanes by a fixed halving tree: lanes l and l + h added for h = LANES / 2, ..., 1 (by half vectors).
 // Every kernel's results depend on this order; none depends on where a lane's value came from.

@@ -29,17 +29,19 @@ namespace {
 using sage::ivec;
 using sage::LANES;
 using sage::load;
+using sage::madd;
 using sage::reduce;
 using sage::store;
 using sage::vec;
 
-// q . k over d: LANES strided partial sums reduced by reduce(), then the tail in order.
+// q . k over d: LANES strided partial sums (fused multiply-adds from zero, madd()) reduced by reduce(), then the
+// tail in order.
 inline float dot(const float* q, const float* k, int64_t d) {
   const int64_t body = d - d % LANES;
   float total = 0.0f;
   if (body > 0) {
-    vec acc = load(q) * load(k);
-    for (int64_t i = LANES; i < body; i += LANES) acc += load(q + i) * load(k + i);
+    vec acc{};
+    for (int64_t i = 0; i < body; i += LANES) acc = madd(load(q + i), load(k + i), acc);
     total = reduce(acc);
   }
   for (int64_t i = body; i < d; ++i) total += q[i] * k[i];
@@ -78,7 +80,7 @@ inline void prefetch_row(const float* p, int64_t d) {
 inline void axpy(float* acc, float p, const float* v, int64_t d) {
   const int64_t body = d - d % LANES;
   const vec pv = vec{} + p;
-  for (int64_t i = 0; i < body; i += LANES) store(acc + i, load(acc + i) + pv * load(v + i));
+  for (int64_t i = 0; i < body; i += LANES) store(acc + i, madd(pv, load(v + i), load(acc + i)));
   for (int64_t i = body; i < d; ++i) acc[i] += p * v[i];
 }
 

@@ -23,6 +23,7 @@ namespace {
 using sage::ivec;
 using sage::LANES;
 using sage::load;
+using sage::madd;
 using sage::reduce;
 using sage::vec;
 #if defined(__AVX512F__)
@@ -94,7 +95,7 @@ inline void tile(const float* __restrict x, const W* __restrict w, float* __rest
     for (int r = 0; r < RowsW; ++r) wv[r] = load(wt + r * K + k);
     for (int m = 0; m < RowsX; ++m) {
       const vec xv = load(x + m * K + k);
-      for (int r = 0; r < RowsW; ++r) acc[m][r] += xv * wv[r];
+      for (int r = 0; r < RowsW; ++r) acc[m][r] = madd(xv, wv[r], acc[m][r]);
     }
   }
   constexpr int NACC = RowsX * RowsW;
