@@ -52,8 +52,9 @@ def calibrated_logp(log_table: torch.Tensor, logp: torch.Tensor, alpha: torch.Te
         ``[...]`` float32 ``log c[alpha bin][probability bin]``, -inf where ``logp`` is -inf.
     """
     a_bins, p_bins = log_table.shape
-    a = (alpha.nan_to_num(0.5) * a_bins).long().clamp(0, a_bins - 1)
-    p = (logp.exp() * p_bins).long().clamp(0, p_bins - 1)
+    # the bin products in float64: in float32, 0.9f * 10 rounds up to 9.0 although 0.9f (0.8999999762) lies in bin 8
+    a = (alpha.nan_to_num(0.5).double() * a_bins).long().clamp(0, a_bins - 1)
+    p = (logp.exp().double() * p_bins).long().clamp(0, p_bins - 1)
     a, p = torch.broadcast_tensors(a, p)
     out = log_table[a, p]
     return torch.where(torch.isneginf(logp), logp, out)
