@@ -537,3 +537,19 @@ def test_bad_server_mode_is_refused_before_any_launch(tmp_path, monkeypatch):
             config=CPU_CONFIG, target=Path("/t"), draft=Path("/d"), env={}, log_dir=tmp_path, batch_sizes=[1],
             max_new_tokens=4, repeats=1, requests=[{"text": "q"}], methods=["plain", "sage"], servers="mixed",
         )  # fmt: skip
+
+
+def test_alternate_servers_bench_running_servers_in_the_rotation_and_launch_the_rest(tmp_path, monkeypatch):
+    """A ``--url`` method under ``--servers alternate`` is that running server in its turn (checked with ``/health``
+    each repeat, never launched or stopped); the other methods are launched one at a time."""
+    running = _FakeSGLang(accept=3.0)
+    try:
+        report, launches = _alternate_bench(tmp_path, monkeypatch, ["plain", "sage"], 2, urls={"sage": running.url})
+        assert [m for m, _, _ in launches.launched] == ["plain", "plain"] and launches.peak == 1
+        assert report["launches"] == {"plain": 2, "sage": 0}
+        rows = {(r["method"], r["batch_size"]): r for r in report["rows"]}
+        assert rows[("sage", 1)]["accept_length"] == 3.0 and all(r["identical"] for r in rows.values())
+        # the running server served its start-up requests and its batches in both repeats
+        assert len(running.requests) == 2 * (2 + 1 + 1 + 2 + 2)
+    finally:
+        running.close()
