@@ -192,11 +192,12 @@ def _run_batch(
     t0 = time.perf_counter()
     results = parallel(one, requests, concurrency)
     seconds = time.perf_counter() - t0
+    tokens = sum(o["meta_info"]["completion_tokens"] for o, _ in results)
     side.seconds += seconds
-    side.repeats.append(sum(o["meta_info"]["completion_tokens"] for o, _ in results) / seconds)
+    side.tokens += tokens
+    side.repeats.append(tokens / seconds)
     for o, latency in results:
         meta = o["meta_info"]
-        side.tokens += meta["completion_tokens"]
         side.latencies.append(latency)
         if meta.get("spec_accept_length") is not None:
             side.accept.append(meta["spec_accept_length"])
@@ -319,20 +320,21 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
     if length_ratio < 1.0:
         requests = [{**r, CAP_KEY: c} for r, c in zip(requests, caps, strict=True)]
     log_dir.mkdir(parents=True, exist_ok=True)
-    urls = urls or {}
+    urls, variants = urls or {}, variants or {}
+    per_repeat = stream_per_slot if load == "stream" else 1  # requests per client slot in a repeat
     up: dict[str, HttpServer] = {}  # servers running now
     sage_sizes: dict[str, int] = {}  # the SAGE server's steps / topk / draft tokens, for standalone-tree
     sides = {(bs, m): _Side() for bs in batch_sizes for m in methods}
     outs: dict[tuple[int, int, str], list[list[int]]] = {}
     states: dict[str, dict] = {}
     launches = dict.fromkeys(methods, 0)
-    bases = {m: (variants or {}).get(m, (m,))[0] for m in methods}  # each name's method (a variant's base)
+    bases = {m: variants.get(m, (m,))[0] for m in methods}  # each name's method (a variant's base)
 
     def start(m: str) -> HttpServer:
         if m in urls:
             up[m] = RemoteServer(m, urls[m])
         else:
-            extra = (variants or {}).get(m, (m, []))[1]
+            extra = variants.get(m, (m, []))[1]
             argv = method_args(bases[m], config, target, draft, sage_sizes or None, eagle3, eagle3_config) + extra
             up[m] = Server(argv, env, log_dir / f"{m}{'' if not launches[m] else f'.{launches[m]}'}.log")
             launches[m] += 1
@@ -347,9 +349,8 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
             _run_batch(server, _batch(requests, bs, 0), max_new_tokens, _Side())
 
     def measure(m: str, bs: int, r: int) -> None:
-        n = bs * (stream_per_slot if load == "stream" else 1)
         slots = bs if load == "stream" else None
-        outs[bs, r, m] = _run_batch(up[m], _batch(requests, n, r), max_new_tokens, sides[bs, m], slots)
+        outs[bs, r, m] = _run_batch(up[m], _batch(requests, bs * per_repeat, r), max_new_tokens, sides[bs, m], slots)
 
     try:
         if servers == "together":
@@ -378,8 +379,7 @@ def run_serving_bench(*, config: Path, target: Path, draft: Path, env: dict[str,
     for bs in batch_sizes:
         for m in methods:
             same = all(outs[bs, r, m] == outs[bs, r, "plain"] for r in range(repeats))
-            n = repeats * bs * (stream_per_slot if load == "stream" else 1)
-            rows.append(_row(m, bs, sides[bs, m], sides[bs, "plain"], same, n, load))
+            rows.append(_row(m, bs, sides[bs, m], sides[bs, "plain"], same, repeats * bs * per_repeat, load))
     info = {m: st.get("speculative_algorithm") for m, st in states.items()}
     # SAGE servers' own state at the end (per tier: steps run, expected tokens, measured cost per batch size)
     sage_state = {m: (st.get("internal_states") or [{}])[0].get("sage") for m, st in states.items()
