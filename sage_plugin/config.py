@@ -119,11 +119,17 @@ class SageConfig:
     n_max: int = 64  # node cap (draft nodes, root excluded)
     rerank_nodes: int = 0  # 0: the tree the levels keep (the paper's); N: its N best nodes by path value
     # rerank_pool: which nodes the final rerank (to rerank_nodes N, or n_max when 0) chooses from.  beam (default):
-    # the W(alpha) best candidates of each level by path value are expanded, down to d_cap; children: every child
+    # the W(alpha) best candidates of each level by path value are expanded, down to beam_depth; children: every child
     # of a node Eq. 10-12 expand is a candidate (EAGLE-2's pool); both expand only nodes still in the pool's N best.
     # kept: the nodes SAGE's levels keep (the paper's tree; rerank only with rerank_nodes N).  Not read with topology
     # planned (its replay keeps the planned tree).  docs/algorithm.md, "What the rerank chooses from"
     rerank_pool: str = "beam"
+    # rerank_pool beam: the deepest level the beam grows (the rerank keeps a deep node only where its path value beats
+    # a shallow one's; node_budget auto stops where the next level cannot pay).  Its own knob, not d_cap: d_cap bounds
+    # the history controller's D_max and SGLang's derived draft steps.  Runtimes with a fixed draft beam (SGLang,
+    # TensorRT-LLM) draft their own --speculative-num-steps / max_draft_len instead.  docs/algorithm.md, "What the
+    # rerank chooses from"
+    beam_depth: int = 16
     node_budget: str = "auto"  # auto: also the cost-optimal cut under the measured verify cost; fixed: n_max only
     pad_forwards: bool = True  # auto budget: run forwards at the cheapest measured size >= theirs, priced so
     cost_refresh: int = 0  # auto budget: re-price every R rounds from in-loop timing medians; 0: start-up only
@@ -255,6 +261,7 @@ class SageConfig:
         _bool("cpu_lean_draft", self.cpu_lean_draft)
         _choice("tp_sync", self.tp_sync, ("auto", "tree", "off"))
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
+        _int_in("beam_depth", self.beam_depth, 1, 64)
         if self.rerank_nodes and self.topology == "planned":
             raise ConfigError(
                 "rerank_nodes works with topology online (the planned replay keeps its planned tree, and reads no "
@@ -301,6 +308,12 @@ class SageConfig:
     def max_tree_depth(self) -> int:
         """Deepest draft level any round of the configured policy can reach."""
         return POLICIES[self.policy].max_depth_for(self)
+
+    @property
+    def max_plan_depth(self) -> int:
+        """Deepest draft level the configured policy's plan can reach: :attr:`max_tree_depth` less the reference
+        engine's deeper beam (``beam_depth``); what a runtime with its own fixed beam drafts (SGLang's derived steps)."""
+        return POLICIES[self.policy].plan_depth_for(self)
 
     @property
     def max_tree_nodes(self) -> int:

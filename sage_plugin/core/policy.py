@@ -173,6 +173,12 @@ class FixedShapePolicy:
         raise NotImplementedError
 
     @classmethod
+    def plan_depth_for(cls, cfg: SageConfig) -> int:
+        """Deepest draft level the policy's plan can reach (:meth:`max_depth_for` unless a reference-engine-only
+        search grows deeper, as SAGE's beam does); what a runtime drafting its own fixed beam sizes its steps by."""
+        return cls.max_depth_for(cfg)
+
+    @classmethod
     def max_nodes_for(cls, cfg: SageConfig) -> int:
         """Largest number of draft nodes (root excluded) in one request's tree under ``cfg``."""
         raise NotImplementedError

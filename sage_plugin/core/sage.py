@@ -84,6 +84,14 @@ class SagePolicy(FixedShapePolicy):
 
     @classmethod
     def max_depth_for(cls, cfg: SageConfig) -> int:
+        """The plan's depth (:meth:`plan_depth_for`), or with ``rerank_pool: beam`` the beam's ``beam_depth``."""
+        if pool_of(cfg) != "beam":
+            return cls.plan_depth_for(cfg)
+        return max(cfg.beam_depth, StaticPolicy.max_depth_for(cfg) if cfg.first_round_static else 0)
+
+    @classmethod
+    def plan_depth_for(cls, cfg: SageConfig) -> int:
+        """``d_cap`` with the history controller (``d_max`` without), or the static first tree's depth if deeper."""
         deepest = cfg.d_cap if cfg.use_history else cfg.d_max
         static = StaticPolicy.max_depth_for(cfg) if cfg.first_round_static else 0
         return max(deepest, static)

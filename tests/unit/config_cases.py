@@ -19,6 +19,7 @@ OTHER_VALUES: dict[str, list] = {
     "cost_refresh": [16, 1],
     "rerank_nodes": [8],
     "rerank_pool": ["children", "kept"],
+    "beam_depth": [10, 4],
     "calibration": [((0.2, 0.6), (0.4, 0.9))],
     "tiers": [((0, 1), (2, 5)), ((3, 8),)],
     "tier_probe_every": [4, 0],

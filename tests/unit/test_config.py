@@ -51,6 +51,7 @@ BAD_VALUES: dict[str, list] = {
     "history_hi": [1.0, math.inf],  # history_hi < history_lo (2.0)
     "history_step": [0, 65],
     "d_cap": [7, 65],  # d_cap < d_max (8)
+    "beam_depth": [0, 65, 2.5, None],
     "history_cooldown": ["half", True],
     "history_tau": ["tokens", None],
     "history_mode": ["ratio", None],
@@ -196,10 +197,18 @@ def test_the_planned_topology_builds_the_kept_tree_whatever_the_pool(pool):
 
 
 def test_derived_sizes():
-    assert SageConfig().max_tree_depth == 10  # d_cap with history
-    assert SageConfig(use_history=False).max_tree_depth == 8
-    assert SageConfig(use_history=False, d_max=4, d_cap=4, first_round_static=True).max_tree_depth == 5
-    assert SageConfig(use_history=False, d_max=4, d_cap=4, first_round_static=False).max_tree_depth == 4
+    for pool in ("kept", "children"):  # the plan's depth: d_cap with history, d_max without, the static tree's
+        assert SageConfig(rerank_pool=pool).max_tree_depth == 10
+        assert SageConfig(rerank_pool=pool, use_history=False).max_tree_depth == 8
+        kw = dict(rerank_pool=pool, use_history=False, d_max=4, d_cap=4)
+        assert SageConfig(**kw, first_round_static=True).max_tree_depth == 5
+        assert SageConfig(**kw, first_round_static=False).max_tree_depth == 4
+    # the beam (the default pool) grows to beam_depth whatever the plan; the plan's depth is what SGLang drafts
+    assert SageConfig().max_tree_depth == 16 and SageConfig().max_plan_depth == 10
+    assert SageConfig(beam_depth=4, first_round_static=False).max_tree_depth == 4
+    assert SageConfig(beam_depth=4).max_tree_depth == 5  # the static first tree is 5 deep
+    assert SageConfig(use_history=False, beam_depth=4, first_round_static=False).max_plan_depth == 8
+    assert SageConfig(topology="planned").max_tree_depth == 10  # the planned replay builds the kept tree
     assert SageConfig(n_max=10, rerank_pool="kept").max_tree_nodes == 25  # the static first round is not cut
     assert SageConfig(n_max=10).max_tree_nodes == 10  # the beam's rerank to n_max cuts every round, the first too
     assert SageConfig(n_max=10, first_round_static=False).max_tree_nodes == 10

@@ -336,6 +336,7 @@ SAGE_VARIANTS = {
     "rerank_children_parent_order": dict(rerank_nodes=9, rerank_pool="children", budget_order="parent_order"),
     "rerank_beam": dict(rerank_nodes=7, rerank_pool="beam"),
     "beam_n_max": dict(rerank_pool="beam"),
+    "beam_shallow": dict(rerank_pool="beam", beam_depth=3, first_round_static=False),  # shallower than d_cap
     "rerank_beam_calibrated": dict(rerank_nodes=4, rerank_pool="beam", calibration=((0.2, 0.6, 0.9),)),
     "calibrated": dict(calibration=((0.05, 0.3, 0.3, 0.6, 0.9), (0.2, 0.2, 0.5, 0.8, 1.0))),
     "calibrated_joint": dict(calibration=((0.1, 0.4, 0.7, 0.7, 0.95),), threshold_on="joint", parent_prob="joint"),

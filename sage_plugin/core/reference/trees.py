@@ -316,7 +316,7 @@ def build_tree_ref(
         if static_first:
             depth = static_depth
         elif _pool(cfg) == "beam":
-            depth = max(cfg.d_cap if cfg.use_history else cfg.d_max, static_depth if cfg.first_round_static else 0)
+            depth = max(cfg.beam_depth, static_depth if cfg.first_round_static else 0)  # the beam's own depth
     else:
         sizes = {"eagle2": cfg.eagle_depth, "chain": cfg.chain_depth, "static": max(len(p) for p in cfg.static_tree),
                  "topn": cfg.topn_max_depth}  # fmt: skip

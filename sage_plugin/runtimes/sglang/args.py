@@ -268,7 +268,7 @@ def build_sage_config(cli: SageCliArgs | None) -> SageConfig:
 
     >>> build_sage_config(None) == SageConfig()
     True
-    >>> build_sage_config(SageCliArgs(overrides={"d_max": 5, "use_history": False})).max_tree_depth
+    >>> build_sage_config(SageCliArgs(overrides={"d_max": 5, "use_history": False})).max_plan_depth
     5
     """
     cli = cli or SageCliArgs()
@@ -314,8 +314,9 @@ def spec_sizes(
 
     * ``topk = min(k, MAX_DERIVED_TOPK)``: the beam width (>= 2: SAGE builds a tree, and with topk 1
       SGLang's draft loop never reaches its tree selection);
-    * ``num_steps = cfg.max_tree_depth``: the deepest level any round can reach (``d_cap`` with the
-      history controller, ``d_max`` without, or the static first-round tree's depth);
+    * ``num_steps = cfg.max_plan_depth``: the deepest level SAGE's plan can reach (``d_cap`` with the
+      history controller, ``d_max`` without, or the static first-round tree's depth; the reference engine's
+      ``beam_depth`` is not SGLang's: its beam is these steps);
     * ``num_draft_tokens = cfg.max_tree_nodes + 1`` (the root counts), capped at what the beam can
       score in ``num_steps`` steps plus the root;
     * with ``cfg.tiers``: every tier must fit the beam, the largest tier must be largest in both steps and draft
@@ -343,7 +344,7 @@ def spec_sizes(
     topk = topk if topk is not None else min(cfg.k, MAX_DERIVED_TOPK)
     if cfg.tiers:
         return _tier_sizes(cfg, topk, num_steps, num_draft_tokens)
-    num_steps = num_steps if num_steps is not None else cfg.max_tree_depth
+    num_steps = num_steps if num_steps is not None else cfg.max_plan_depth
     most = _candidates(topk, num_steps) + 1
     if num_draft_tokens is None:
         num_draft_tokens = min(cfg.max_tree_nodes + 1, most)

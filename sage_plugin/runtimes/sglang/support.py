@@ -83,6 +83,7 @@ SGLANG_SUPPORT = RuntimeSupport(
         "cost_refresh": "with node_budget auto only (the tiers' step clock times every step in the loop)",
         "calibration": "SGLang's beam ranks candidates by its own draft scores",
         "rerank_nodes": "SGLang fills --speculative-num-draft-tokens with the best candidates after SAGE's shape",
+        "beam_depth": "SGLang's beam is --speculative-num-steps deep (derived from d_cap, or the tiers')",
         "eagle_depth": "baseline policies only",
         "eagle_total_tokens": "baseline policies only",
         "chain_depth": "baseline policies only",
