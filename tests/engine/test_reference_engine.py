@@ -132,7 +132,7 @@ def test_plain_decoding_matches_hf_generate(engine):
 
 def test_sage_adapts_shape_and_history(engine):
     reqs = _requests(2)
-    cfg = SageConfig(history_window=3, node_budget="fixed")  # the paper's shapes, no cost cut
+    cfg = SageConfig(history_window=3, node_budget="fixed", rerank_pool="kept")  # the paper's shapes, no cost cut
     out = engine.generate(reqs, SamplingParams(max_new_tokens=60), build_policy(cfg))
     rounds = out[0].rounds
     assert rounds[0].nodes == 25, "round 1 uses the static mc_sim_7b_63 tree"
@@ -142,6 +142,12 @@ def test_sage_adapts_shape_and_history(engine):
     for r in later:
         # Eq. 10/11 with D_max in [D_min, D_cap]
         assert 3 <= r.plan_depth <= 10 and 2 <= r.plan_width <= 10
+    # the beam pool (the default) keeps Eq. 11's width and grows to beam_depth, past d_cap; the rerank cuts the depth
+    beam = SageConfig(history_window=3, node_budget="fixed")
+    rounds = engine.generate(reqs, SamplingParams(max_new_tokens=24), build_policy(beam))[0].rounds
+    assert rounds[0].nodes == 25 and all(r.nodes <= 64 for r in rounds)
+    assert all(r.plan_depth == beam.beam_depth == 16 and 2 <= r.plan_width <= 10 for r in rounds[1:])
+    assert len({r.plan_width for r in rounds[1:]}) > 1, "width should follow alpha"
 
 
 def test_round_cost_is_measured_once_per_batch_size(engine):
