@@ -77,6 +77,11 @@ def _in_top(pool: DraftPool, frontier: Frontier, n: int, width: int) -> Frontier
     return Frontier(torch.where(ok, frontier.idx, -1).gather(1, pack)[:, :width])
 
 
+def _or_first_tree(cfg: SageConfig, depth: int) -> int:
+    """``depth``, or the static first round's tree depth where that round is drafted and deeper."""
+    return max(depth, StaticPolicy.max_depth_for(cfg) if cfg.first_round_static else 0)
+
+
 class SagePolicy(FixedShapePolicy):
     """SAGE: entropy-shaped depth/width per request plus the adaptive-history controller."""
 
@@ -87,14 +92,12 @@ class SagePolicy(FixedShapePolicy):
         """The plan's depth (:meth:`plan_depth_for`), or with ``rerank_pool: beam`` the beam's ``beam_depth``."""
         if pool_of(cfg) != "beam":
             return cls.plan_depth_for(cfg)
-        return max(cfg.beam_depth, StaticPolicy.max_depth_for(cfg) if cfg.first_round_static else 0)
+        return _or_first_tree(cfg, cfg.beam_depth)
 
     @classmethod
     def plan_depth_for(cls, cfg: SageConfig) -> int:
         """``d_cap`` with the history controller (``d_max`` without), or the static first tree's depth if deeper."""
-        deepest = cfg.d_cap if cfg.use_history else cfg.d_max
-        static = StaticPolicy.max_depth_for(cfg) if cfg.first_round_static else 0
-        return max(deepest, static)
+        return _or_first_tree(cfg, cfg.d_cap if cfg.use_history else cfg.d_max)
 
     @classmethod
     def pool_nodes_for(cls, cfg: SageConfig) -> int:
