@@ -46,8 +46,21 @@ it (2 threads, medians of 9, a noisier day: one row takes 24.5 ms against 19.7 a
             weight-major 62.7  60.6  62.7  65.5  63.0  68.9  66.0  66.2  85.7  84.8  109.5 152.2
             rows kernel  24.5  24.5  26.2  25.8  29.0  30.1  35.4  42.6  59.5  74.5  102.0 130.0
 
-so on AVX-512 the kernel takes up to 32 rows (at 48 it only ties ``F.linear``); above, weight-major.  The AVX2 build
-keeps 16 (not measured above 16 rows against BLAS).  On the EPYC weight-major beat ``F.linear`` with spikes at
+so on AVX-512 the kernel takes up to 32 rows (at 48 it only ties ``F.linear``); above, weight-major.
+
+Until stop 49 GCC folded the kernel's loads into its FMAs' memory operands: each weight vector was re-read for every
+row of x it multiplied (16 loads for 12 FMAs in the AVX2 build), and past 4 rows the loop was bound by loads.  Holding
+each loaded vector in a register (``lanes.h`` ``in_register``; the same arithmetic, bit for bit the same results)
+took the AVX2 build on the 2-core AMD EPYC VM (2 threads, medians of 9, the old and new kernel interleaved in one
+process) from 33.8 / 47.5 / 61.3 ms to 22.8 / 29.2 / 37.1 at 8 / 12 / 16 rows (1-4 rows unchanged, memory-bound).
+By rows after it (medians of 5; 1-12 and 16-64 rows are two runs minutes apart)::
+
+    rows                  1     2     4     8     12    16    24    32    48    64
+    layers  F.linear     70.6  108.0 89.7  84.8  103.4 90.9  116.6 134.6 172.5 200.6
+            weight-major 53.9  38.2  45.9  105.8 104.4 86.8  121.0 124.2 183.1 223.5
+            rows kernel  24.0  21.7  22.3  28.5  39.3  45.1  60.9  82.5  119.9 160.7
+
+so the AVX2 build takes every row count up to :data:`MAX_ROWS` (it had kept 16, unmeasured above).  On the EPYC weight-major beat ``F.linear`` with spikes at
 ragged row counts; on this Xeon ``F.linear`` is 10-20% faster at 33-64 rows.  Results equal ``F.linear``'s up to
 float rounding; every consumer, plain decoding included, takes the same
 rule: the reference engine's models and EAGLE-3 heads (:func:`sage_plugin.engines.lm.use_fast_linears`), and SGLang's
@@ -72,10 +85,10 @@ PAD_ABOVE = 8
 PAD_TO = 8
 #: the rows kernel's inner size must be a multiple of this (its widest vector)
 KERNEL_K_MULTIPLE = 16
-#: the most rows the rows kernel takes (above, its compute falls behind BLAS's: weight-major).  32 where torch runs
-#: AVX-512 (the kernel's 16-lane build; measured on an Intel Xeon, figures above), 16 elsewhere (the 8-lane AVX2 build
-#: was measured against BLAS only up to 16 rows)
-KERNEL_MAX_ROWS = 32 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 16
+#: the most rows the rows kernel takes (above, weight-major).  32 where torch runs AVX-512 (the kernel's 16-lane build
+#: ties ``F.linear`` at 48 rows on an Intel Xeon, figures above), :data:`MAX_ROWS` elsewhere (the 8-lane AVX2 build
+#: beats both BLAS products at every row count up to 64 on the AMD EPYC VM, figures above)
+KERNEL_MAX_ROWS = 32 if torch.backends.cpu.get_cpu_capability() == "AVX512" else MAX_ROWS
 
 
 def rows_kernel() -> Any:

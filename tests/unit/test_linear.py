@@ -14,6 +14,10 @@ from hypothesis import strategies as st
 from sage_plugin.core import linear as lin
 from sage_plugin.core import native
 from sage_plugin.core.linear import KERNEL_MAX_ROWS, MAX_ROWS, linear
+
+#: the rows kernel's limit the dispatch tests set (the machine's own, 32 or 64, is :data:`KERNEL_MAX_ROWS`): below
+#: MAX_ROWS, so that every product of the rule is reached
+KERNEL_ROWS = 16
 from sage_plugin.engines.lm import RowsLinear, use_fast_linears
 from sage_plugin.runtimes.sglang.hooks import compute_lm_head, unquantized_linear
 
@@ -72,12 +76,13 @@ def test_each_row_count_and_layer_takes_its_product(monkeypatch):
     """Float32, inner size a multiple of 16, 1..KERNEL_MAX_ROWS rows, outside autograd: the rows kernel; up to MAX_ROWS
     rows otherwise: weight-major; no rows, more rows, another device or mixed dtypes: F.linear."""
     taken = _paths(monkeypatch)
+    monkeypatch.setattr(lin, "KERNEL_MAX_ROWS", KERNEL_ROWS)
     w, w60 = torch.randn(10, 64), torch.randn(10, 60)
     cases = [
         (torch.randn(1, 64), w, ("kernel", 1)),
         (torch.randn(2, 3, 64), w, ("kernel", 6)),
-        (torch.randn(KERNEL_MAX_ROWS, 64), w, ("kernel", KERNEL_MAX_ROWS)),
-        (torch.randn(KERNEL_MAX_ROWS + 1, 64), w, ("weight-major", KERNEL_MAX_ROWS + 1)),
+        (torch.randn(KERNEL_ROWS, 64), w, ("kernel", KERNEL_ROWS)),
+        (torch.randn(KERNEL_ROWS + 1, 64), w, ("weight-major", KERNEL_ROWS + 1)),
         (torch.randn(MAX_ROWS, 64), w, ("weight-major", MAX_ROWS)),
         (torch.randn(MAX_ROWS + 1, 64), w, ("F.linear", MAX_ROWS + 1)),
         (torch.randn(0, 64), w, ("F.linear", 0)),
@@ -93,6 +98,16 @@ def test_each_row_count_and_layer_takes_its_product(monkeypatch):
     with pytest.raises(RuntimeError):  # mixed dtypes: F.linear's own error, as without the rule
         linear(torch.randn(3, 64, dtype=torch.float64), w)
     assert taken[-1] == ("F.linear", 3)
+
+
+def test_this_machines_kernel_limit_takes_the_kernel(monkeypatch):
+    """The machine's own limit (32 rows where torch runs AVX-512, MAX_ROWS elsewhere) is a kernel call."""
+    taken = _paths(monkeypatch)
+    assert KERNEL_MAX_ROWS in (32, MAX_ROWS)
+    x, w = torch.randn(KERNEL_MAX_ROWS, 64), torch.randn(10, 64)
+    got = linear(x, w)
+    assert taken[-1] == ("kernel", KERNEL_MAX_ROWS)
+    torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-4)
 
 
 def test_gradients_flow_through_the_rule():
@@ -258,11 +273,12 @@ def test_a_bfloat16_weight_takes_the_kernel_at_few_rows_and_is_widened_elsewhere
     inner size it cannot take, or no kernel: the product of the widened weight.  Every result a float32 one equal to
     ``F.linear`` with ``w.float()``."""
     taken = _paths(monkeypatch)
+    monkeypatch.setattr(lin, "KERNEL_MAX_ROWS", KERNEL_ROWS)
     w, w60, b = torch.randn(10, 64).bfloat16(), torch.randn(10, 60).bfloat16(), torch.randn(10)
     cases = [
         (torch.randn(1, 64), w, ("kernel", 1)),
         (torch.randn(2, 3, 64), w, ("kernel", 6)),
-        (torch.randn(KERNEL_MAX_ROWS + 1, 64), w, ("weight-major", KERNEL_MAX_ROWS + 1)),
+        (torch.randn(KERNEL_ROWS + 1, 64), w, ("weight-major", KERNEL_ROWS + 1)),
         (torch.randn(MAX_ROWS + 1, 64), w, ("F.linear", MAX_ROWS + 1)),
         (torch.randn(3, 60), w60, ("weight-major", 3)),
     ]

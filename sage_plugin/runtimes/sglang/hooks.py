@@ -45,7 +45,7 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
 * :func:`compute_lm_head` (AROUND ``LogitsProcessor._compute_lm_head``) and :func:`unquantized_linear`
   (AROUND ``UnquantizedLinearMethod.apply``): on CPU, a float32 unquantized head (without bias, LoRA, the AMX packed
   layout) or linear layer (not AMX-packed) is computed by :func:`sage_plugin.core.linear.linear` (the rows kernel at
-  1-32 rows on AVX-512, 1-16 on AVX2, weight-major above up to 64: core/linear.py has the figures by CPU), the rule the reference engine uses.  Plain and speculative serving alike (target and draft); every other case
+  1-32 rows on AVX-512 and weight-major above up to 64, 1-64 on AVX2: core/linear.py has the figures by CPU), the rule the reference engine uses.  Plain and speculative serving alike (target and draft); every other case
   keeps SGLang's product.
 
 * :func:`init_model_parallel_group` (AROUND ``sglang.srt.distributed.parallel_state.init_model_parallel_group``):
