@@ -14,13 +14,12 @@ from hypothesis import strategies as st
 from sage_plugin.core import linear as lin
 from sage_plugin.core import native
 from sage_plugin.core.linear import KERNEL_MAX_ROWS, MAX_ROWS, linear
+from sage_plugin.engines.lm import RowsLinear, use_fast_linears
+from sage_plugin.runtimes.sglang.hooks import compute_lm_head, unquantized_linear
 
 #: the rows kernel's limit the dispatch tests set (the machine's own, 32 or 64, is :data:`KERNEL_MAX_ROWS`): below
 #: MAX_ROWS, so that every product of the rule is reached
 KERNEL_ROWS = 16
-from sage_plugin.engines.lm import RowsLinear, use_fast_linears
-from sage_plugin.runtimes.sglang.hooks import compute_lm_head, unquantized_linear
-
 BIG_HEAD = torch.randn(49152, 64, generator=torch.Generator().manual_seed(0))
 
 
