@@ -60,8 +60,9 @@ By rows after it (medians of 5; 1-12 and 16-64 rows are two runs minutes apart):
             weight-major 53.9  38.2  45.9  105.8 104.4 86.8  121.0 124.2 183.1 223.5
             rows kernel  24.0  21.7  22.3  28.5  39.3  45.1  60.9  82.5  119.9 160.7
 
-so the AVX2 build takes every row count up to :data:`MAX_ROWS` (it had kept 16, unmeasured above).  On the EPYC weight-major beat ``F.linear`` with spikes at
-ragged row counts; on this Xeon ``F.linear`` is 10-20% faster at 33-64 rows.  Results equal ``F.linear``'s up to
+so the AVX2 build takes every row count up to :data:`MAX_ROWS` (it had kept 16, unmeasured above).  On the EPYC,
+before the kernel, weight-major beat ``F.linear`` with spikes at ragged row counts; on the Xeon ``F.linear`` is
+10-20% faster at 33-64 rows.  Results equal ``F.linear``'s up to
 float rounding; every consumer, plain decoding included, takes the same
 rule: the reference engine's models and EAGLE-3 heads (:func:`sage_plugin.engines.lm.use_fast_linears`), and SGLang's
 linear methods and ``LogitsProcessor`` on CPU (``runtimes/sglang/hooks.py``).
