@@ -86,9 +86,9 @@ PAD_ABOVE = 8
 PAD_TO = 8
 #: the rows kernel's inner size must be a multiple of this (its widest vector)
 KERNEL_K_MULTIPLE = 16
-#: the most rows the rows kernel takes (above, weight-major).  32 where torch runs AVX-512 (the kernel's 16-lane build
-#: ties ``F.linear`` at 48 rows on an Intel Xeon, figures above), :data:`MAX_ROWS` elsewhere (the 8-lane AVX2 build
-#: beats both BLAS products at every row count up to 64 on the AMD EPYC VM, figures above)
+#: the most rows the rows kernel takes (above it, up to :data:`MAX_ROWS`: weight-major).  32 where torch runs AVX-512
+#: (the kernel's 16-lane build ties ``F.linear`` at 48 rows on an Intel Xeon, figures above), :data:`MAX_ROWS`
+#: elsewhere (the 8-lane AVX2 build beats both BLAS products at every row count up to 64 on the AMD EPYC VM)
 KERNEL_MAX_ROWS = 32 if torch.backends.cpu.get_cpu_capability() == "AVX512" else MAX_ROWS
 
 
