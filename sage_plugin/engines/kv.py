@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SeqState", "PrefillResult", "append_kv"]
+__all__ = ["SeqState", "PrefillResult", "append_kv", "kv_room"]
 
 
 @dataclass(slots=True)
@@ -134,17 +134,27 @@ class SeqState:
 
 
 def append_kv(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
-    """Grow one cache layer (``layer.keys`` / ``layer.values`` ``[B, H, S, D]``) by the ``[B, H, Q, D]`` slots given.
+    """Grow one cache layer (``layer.keys`` / ``layer.values`` ``[B, H, S, D]``) by the ``[B, H, Q, D]`` slots given
+    (:func:`kv_room`, then the ``Q`` rows written)."""
+    s, q = layer.keys.shape[2], keys.shape[2]
+    for buf, new in zip(kv_room(layer, q), (keys, values)):
+        buf[:, :, s : s + q] = new
 
-    The layer's tensors become views of a buffer with room to spare (its length doubles when it fills), so an append
-    writes ``Q`` slots instead of copying all ``S + Q`` as ``torch.cat`` does: a small draft's forward spent about a
-    fifth of its time in those copies.  A layer whose tensors were replaced since (:meth:`SeqState.select` /
-    :meth:`SeqState.compact` gather new ones) gets a new buffer at its next append.
+
+def kv_room(layer, q: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The contiguous buffers ``[B, H, capacity, D]`` behind one cache layer, with room for ``q`` more rows; the
+    layer's ``keys`` / ``values`` become views of their first ``S + q`` rows, whose last ``q`` the caller writes.
+
+    The buffer has room to spare (its length doubles when it fills), so an append writes ``Q`` slots instead of
+    copying all ``S + Q`` as ``torch.cat`` does: a small draft's forward spent about a fifth of its time in those
+    copies.  A layer whose tensors were replaced since (:meth:`SeqState.select` / :meth:`SeqState.compact` gather new
+    ones) gets a new buffer here.
     """
-    for name, new in (("keys", keys), ("values", values)):
+    bufs = []
+    for name in ("keys", "values"):
         old = getattr(layer, name)
         buf = getattr(layer, "_sage_" + name, None)
-        s, q = old.shape[2], new.shape[2]
+        s = old.shape[2]
         if (
             buf is None
             or buf.data_ptr() != old.data_ptr()
@@ -156,5 +166,6 @@ def append_kv(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
             buf = old.new_empty(old.shape[0], old.shape[1], max(2 * (s + q), 64), old.shape[3])
             buf[:, :, :s] = old
             setattr(layer, "_sage_" + name, buf)
-        buf[:, :, s : s + q] = new
         setattr(layer, name, buf[:, :, : s + q])
+        bufs.append(buf)
+    return bufs[0], bufs[1]

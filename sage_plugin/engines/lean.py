@@ -6,7 +6,11 @@ decorators, cache and mask bookkeeping.  :class:`LeanDecoder` runs the same laye
 cache with the operators alone: the model's own RMSNorm, rotary embedding and activation modules, one fused
 q/k/v product and one fused gate/up product per layer (``core.linear.linear``, the rows kernel on CPU), and the
 engine's grouped-query attention (``attention.grouped_sdpa``: query heads folded onto their KV head) with its mask
-built once per forward instead of once per layer.  Only drafts use it (the target's logits stay transformers' own: plain decoding and verification
+built once per forward instead of once per layer.  On CPU, where the model allows (float32 activations, SiLU gates, no
+biases, widths the rows kernel takes, at most ``core.linear.KERNEL_MAX_ROWS`` new tokens in all), the whole layer stack
+runs in one call of ``core/csrc/lean_decoder.cpp`` instead (about 150 operator calls a forward in Python: the bundled
+draft's forward at 8 tokens went from about 3 to about 1 ms); the operator-by-operator path stays the fallback and the
+tests' oracle for it.  Only drafts use it (the target's logits stay transformers' own: plain decoding and verification
 must compute the same numbers); a draft's numbers may differ from transformers' by float rounding, which moves
 no verified token.
 
@@ -26,11 +30,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..core import linear as _linear
 from ..core.linear import linear
+from ..core.native import cpu_kernel
 from .attention import group_mask
-from .kv import append_kv
+from .kv import append_kv, kv_room
 
-__all__ = ["LeanDecoder", "lean_supported"]
+__all__ = ["LeanDecoder", "lean_kernel", "lean_supported"]
 
 _FAMILIES = ("llama", "mistral", "qwen2")
 
@@ -53,6 +59,11 @@ def lean_supported(model: Any) -> bool:
         and not any(hasattr(attn, n) for n in ("q_norm", "k_norm"))  # qwen3-style per-head norms
     )
     return needed
+
+
+def lean_kernel() -> Any:
+    """The compiled ``csrc/lean_decoder.cpp`` (``.lean_decoder(...)``), or None where it cannot be built."""
+    return cpu_kernel("lean_decoder", "a draft's lean forward runs operator by operator")
 
 
 def _cat_bias(*mods: Any) -> torch.Tensor | None:
@@ -78,10 +89,11 @@ class LeanDecoder:
     """The decoder of ``model`` as a plain function of (state, ids, positions, mask) (module docstring).
 
     The fused q/k/v and gate/up weights are copies made once, in the dtype the model's linears have then (call
-    :meth:`rebuild` after changing it, as ``TextModel.store_weights`` does).
+    :meth:`rebuild` after changing it, as ``TextModel.store_weights`` does).  ``fused=False`` keeps the
+    operator-by-operator path even where the one-call kernel applies (the tests' oracle).
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, fused: bool = True) -> None:
         if not lean_supported(model):
             raise ValueError(f"{type(model).__name__}: not a Llama-family decoder the lean forward runs")
         self.model = model
@@ -90,7 +102,9 @@ class LeanDecoder:
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.scaling = self.head_dim**-0.5
+        self.fused = fused
         self.layers: list[_Layer] = []
+        self._flat: list[torch.Tensor] | None = None  # the kernel's weights, 6 a layer, where it applies
         self.rebuild()
 
     def rebuild(self) -> None:
@@ -110,6 +124,50 @@ class LeanDecoder:
                     act=m.act_fn,
                 )
             )
+        self._flat = self._kernel_weights() if self.fused else None
+
+    def _kernel_weights(self) -> list[torch.Tensor] | None:
+        """The weights of ``csrc/lean_decoder.cpp`` (per layer: input norm, q/k/v, o, post-attention norm, gate/up,
+        down), or None where the kernel does not apply to this model (it then never runs)."""
+        cfg, decoder = self.model.config, self.model.model
+        norms = [decoder.norm] + [m for layer in self.layers for m in (layer.norm1, layer.norm2)]
+        products = [w for layer in self.layers for w in (layer.qkv, layer.o.weight, layer.gate_up, layer.down.weight)]
+        applies = (
+            getattr(cfg, "hidden_act", None) == "silu"
+            and all(
+                layer.qkv_bias is None and layer.o.bias is None and layer.down.bias is None for layer in self.layers
+            )
+            and all(n.weight.dtype == torch.float32 and n.weight.device.type == "cpu" for n in norms)
+            and all(w.dtype in (torch.float32, torch.bfloat16) and w.is_contiguous() for w in products)
+            and all(w.shape[1] % _linear.KERNEL_K_MULTIPLE == 0 for w in products)
+            and len({getattr(n, "variance_epsilon", None) for n in norms}) == 1
+            and self.head_dim % 2 == 0
+            and lean_kernel() is not None
+        )
+        if not applies:
+            return None
+        self.eps = float(decoder.norm.variance_epsilon)
+        return [
+            t
+            for layer in self.layers
+            for t in (
+                layer.norm1.weight,
+                layer.qkv,
+                layer.o.weight,
+                layer.norm2.weight,
+                layer.gate_up,
+                layer.down.weight,
+            )
+        ]
+
+    def _kernel_takes(self, x: torch.Tensor, state: Any) -> bool:
+        rows = x.shape[0] * x.shape[1]
+        return (
+            self._flat is not None
+            and x.dtype == torch.float32
+            and rows <= _linear.KERNEL_MAX_ROWS
+            and all(layer.keys.dtype == torch.float32 for layer in state.cache.layers)
+        )
 
     @torch.inference_mode()
     def __call__(self, state: Any, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
@@ -120,6 +178,16 @@ class LeanDecoder:
         bsz, q = input_ids.shape
         x = decoder.embed_tokens(input_ids)
         cos, sin = decoder.rotary_emb(x, positions)
+        if self._kernel_takes(x, state):
+            s = state.cache.layers[0].keys.shape[2]
+            room = [kv_room(layer, q) for layer in state.cache.layers]
+            half = self.head_dim // 2  # the angles' cos / sin (transformers repeats them for the two halves)
+            out = lean_kernel().lean_decoder(
+                x, cos[..., :half].contiguous(), sin[..., :half].contiguous(), mask[:, 0].contiguous(), self._flat, decoder.norm.weight,
+                [k for k, _ in room], [v for _, v in room], s, self.heads, self.kv_heads, self.eps, self.scaling,
+            )  # fmt: skip
+            state.appended(q)
+            return out
         nq, nkv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         g = self.heads // self.kv_heads
         # grouped_sdpa's mask, made once for every layer: the Q-row block repeated for the g query heads of a KV

@@ -1,6 +1,7 @@
 """The drafts' lean decode-time forward (``engines/lean.py``) against transformers' own forward of the same model,
 over the same cache: Llama (grouped and plain multi-head attention), Qwen2 (q/k/v biases), a ragged batch under a
-tree mask, restricted heads, bfloat16 linear weights; models it does not run keep transformers' forward."""
+tree mask, restricted heads, bfloat16 linear weights, each through the one-call kernel (``csrc/lean_decoder.cpp``)
+where it applies and operator by operator; models it does not run keep transformers' forward."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from sage_plugin.engines.kv import SeqState
-from sage_plugin.engines.lean import LeanDecoder, lean_supported
+from sage_plugin.engines.kv import SeqState, append_kv
+from sage_plugin.engines.lean import LeanDecoder, lean_kernel, lean_supported
 from sage_plugin.engines.lm import GenRequest, TextModel, use_fast_linears
 
 VOCAB = 96
@@ -47,15 +48,21 @@ def _states(models: list[TextModel], prompts: list[list[int]]) -> list[SeqState]
     q=st.integers(1, 6),
     seed=st.integers(0, 1000),
     restricted=st.booleans(),
+    fused=st.booleans(),
 )
-def test_lean_forward_equals_transformers_forward(kind, kv_heads, lens, q, seed, restricted):
+def test_lean_forward_equals_transformers_forward(kind, kv_heads, lens, q, seed, restricted, fused):
     """Same logits (to float rounding) and the same cache after two forwards, for a ragged batch whose new tokens
-    form a random tree (each sees a random subset of the earlier new tokens) with padding queries."""
+    form a random tree (each sees a random subset of the earlier new tokens) with padding queries; ``fused``: the
+    one-call kernel where it applies (Llama: no biases), else the operator-by-operator path."""
     model = _model(kind, kv_heads, seed)
     g = torch.Generator().manual_seed(seed)
     head = torch.randperm(VOCAB, generator=g)[: VOCAB // 3].sort().values if restricted else None
     hf, lean = TextModel(model, head), TextModel(model, head)
     assert lean.use_lean() and hf.lean is None
+    if not fused:
+        lean.lean = LeanDecoder(model, fused=False)
+    kernel = fused and kind == "llama" and lean_kernel() is not None
+    assert (lean.lean._flat is not None) == kernel
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lens]
     states = _states([hf, lean], prompts)
     bsz = len(lens)
@@ -92,6 +99,35 @@ def test_lean_follows_bfloat16_weights_after_store_weights():
                                rtol=1e-4, atol=1e-4)  # fmt: skip
 
 
+@pytest.mark.skipif(lean_kernel() is None, reason="the lean decoder kernel cannot be built here")
+def test_the_kernel_runs_the_forward_and_leaves_wide_calls_to_the_operator_path(monkeypatch):
+    """A forward the kernel takes never reaches the operator path, and gives its numbers (bfloat16 weights, a
+    two-request batch); a call wider than ``core.linear.KERNEL_MAX_ROWS`` rows runs operator by operator."""
+    import sage_plugin.engines.lean as lean_mod
+    from sage_plugin.core import linear as lin
+
+    model = _model("llama", 2, 4)
+    fast, slow = TextModel(model), TextModel(model)
+    fast.use_lean()
+    fast.store_weights(torch.bfloat16)
+    slow.lean = LeanDecoder(model, fused=False)
+    states = _states([fast, slow], [[5, 9, 11, 3], [4, 2]])
+    ids, pos = torch.tensor([[7, 8, 9], [1, 2, 3]]), states[0].next_pos[:, None] + torch.arange(3)
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool).expand(2, 3, 3)
+    masks = [s.attention_mask(tree, torch.ones(2, 3, dtype=torch.bool)) for s in states]
+    calls = []
+    monkeypatch.setattr(lean_mod, "append_kv", lambda *a: calls.append(a) or append_kv(*a))
+    out = fast.forward(states[0], ids, pos, masks[0])
+    assert not calls
+    torch.testing.assert_close(out, slow.forward(states[1], ids, pos, masks[1]), rtol=1e-4, atol=1e-4)
+    assert len(calls) == len(model.model.layers)
+    calls.clear()
+    monkeypatch.setattr(lin, "KERNEL_MAX_ROWS", 5)  # 2 requests x 3 tokens: above it
+    states = _states([fast], [[5, 9, 11, 3], [4, 2]])
+    fast.forward(states[0], ids, pos, states[0].attention_mask(tree, torch.ones(2, 3, dtype=torch.bool)))
+    assert len(calls) == len(model.model.layers)
+
+
 def test_cpu_lean_draft_switches_the_engines_draft_forward():
     """``SpecEngine.use_lean_draft`` (``SageConfig.cpu_lean_draft``, the run's draft in ``sage bench``): on by default,
     off gives transformers' forward back, on again rebuilds the lean decoder."""
@@ -122,8 +158,6 @@ def test_append_kv_keeps_what_concatenation_keeps(ops, seed):
     1-9 slots, batch row selections and compactions (both replace the layer's tensors): the same keys and values
     every step, and a view taken earlier never changes."""
     from transformers import DynamicCache
-
-    from sage_plugin.engines.kv import append_kv
 
     g = torch.Generator().manual_seed(seed)
     bsz, heads, dim = 3, 2, 4

@@ -26,62 +26,19 @@
 
 namespace {
 
-using sage::ivec;
+using sage::axpy;
+using sage::dot;
+using sage::exp_nonpositive;
 using sage::LANES;
 using sage::load;
-using sage::madd;
-using sage::reduce;
 using sage::store;
 using sage::vec;
-
-// q . k over d: LANES strided partial sums (fused multiply-adds from zero, madd()) reduced by reduce(), then the
-// tail in order.
-inline float dot(const float* q, const float* k, int64_t d) {
-  const int64_t body = d - d % LANES;
-  float total = 0.0f;
-  if (body > 0) {
-    vec acc{};
-    for (int64_t i = 0; i < body; i += LANES) acc = madd(load(q + i), load(k + i), acc);
-    total = reduce(acc);
-  }
-  for (int64_t i = body; i < d; ++i) total += q[i] * k[i];
-  return total;
-}
-
-// exp(x) of each lane, for x <= 0 (scores less their row's maximum): Cephes' expf (x = n ln 2 + r, a degree-5
-// polynomial in r, times 2^n), the same operations in every lane; x below -87 (an invisible key's -inf included)
-// gives 0.
-inline vec exp_nonpositive(vec x) {
-  const vec floor_ = vec{} - 87.0f, magic = vec{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const vec xc = x < floor_ ? floor_ : x;
-  const vec n = (xc * 1.44269504088896341f + magic) - magic;
-  vec r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  vec p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
-  vec scale;
-  __builtin_memcpy(&scale, &bits, sizeof(vec));
-  return x < floor_ ? vec{} : p * scale;
-}
 
 // Ask for the cache lines of a key / value row a few keys ahead: a sequence's slots are scattered over the pool,
 // so each row is a fresh walk to memory that the hardware prefetcher cannot predict.
 constexpr int64_t AHEAD = 6;
 inline void prefetch_row(const float* p, int64_t d) {
   for (int64_t i = 0; i < d; i += 64 / sizeof(float)) __builtin_prefetch(p + i);
-}
-
-// acc += p * v over d
-inline void axpy(float* acc, float p, const float* v, int64_t d) {
-  const int64_t body = d - d % LANES;
-  const vec pv = vec{} + p;
-  for (int64_t i = 0; i < body; i += LANES) store(acc + i, madd(pv, load(v + i), load(acc + i)));
-  for (int64_t i = body; i < d; ++i) acc[i] += p * v[i];
 }
 
 void check_rows(const at::Tensor& t, const char* name, int64_t heads) {

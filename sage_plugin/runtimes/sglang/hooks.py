@@ -173,6 +173,7 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
     lean = lean_forwards(draft.draft_runner.model)
     if lean is not None:  # cpu_lean_draft: draft forwards that ran the lean decoder (lean_draft.py)
         section["lean_draft_forwards"] = lean
+        section["lean_draft_kernel_forwards"] = lean_forwards(draft.draft_runner.model, kernel=True)
     if getattr(draft, "sage_tp", None) is not None:  # --tp-size > 1: steps whose tree came from rank 0 (tp_sync)
         section["tp_tree_syncs"] = draft.sage_tp_syncs
     lag = getattr(draft, "sage_lag", None)

@@ -9,8 +9,12 @@ operators, a rotary embedding that gathers its cos / sin rows again in every lay
 touched) with the same layers over the same parameters: SGLang's own linear layers (so the plugin's CPU kernels
 and ``cpu_draft_dtype`` weights apply as before), ``torch.nn.functional.rms_norm``, the rotary rows gathered once
 per forward, and each layer's ``RadixAttention`` (the attention backend, its KV writes and tree masks unchanged).
-Its numbers may differ from SGLang's forward by float rounding: it drafts, the target verifies, so no output
-token can change (the e2e tests compare with plain serving).
+Where every layer's products are plain float32 / bfloat16 weights the rows kernel takes (unquantized, not AMX-packed,
+no biases) and the forward has at most ``core.linear.KERNEL_MAX_ROWS`` tokens, each layer is two calls of
+``core/csrc/lean_decoder.cpp`` around its ``RadixAttention`` (``layer_before``: RMSNorm, q/k/v product, rotary;
+``layer_after``: o product, residual, RMSNorm, gate/up product, SiLU gate, down product, residual) instead of about
+twenty operators.  Its numbers may differ from SGLang's forward by float rounding: it drafts, the target verifies, so
+no output token can change (the e2e tests compare with plain serving).
 
 Shapes (SGLang's flattened batch): ``input_ids`` / ``positions`` ``[T]`` (T tokens of every request of the
 forward), hidden states ``[T, H]``; ``q`` ``[T, heads * head_dim]``, ``k`` / ``v`` ``[T, kv_heads * head_dim]``.
@@ -26,6 +30,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from ...core import linear as _linear
+from ...engines.lean import lean_kernel
 
 __all__ = ["LeanDraftDecoder", "install_lean_draft", "lean_forwards", "lean_reason"]
 
@@ -82,6 +89,15 @@ class LeanDraftDecoder:
         self.rope = first.rotary_emb
         self.q_size, self.kv_size, self.head_dim = first.q_size, first.kv_size, first.head_dim
         self.calls = 0  # forwards taken (GET /server_info: sage.lean_draft_forwards)
+        self.kernel_calls = 0  # of which through the kernel (two calls a layer)
+        self._weights: list[tuple] | None | bool = False  # per layer (norm, qkv, o, norm, gate_up, down); False: unread
+
+    def kernel_weights(self) -> list[tuple] | None:
+        """Each layer's weights for ``csrc/lean_decoder.cpp``, or None where a layer has what it does not compute
+        (read at the first forward, after the loader and ``cpu_draft_dtype`` have stored the weights)."""
+        if self._weights is False:
+            self._weights = _kernel_weights(self.decoder) if lean_kernel() is not None else None
+        return self._weights
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any,
                  input_embeds: Any = None, pp_proxy_tensors: Any = None, **kwargs: Any) -> torch.Tensor:  # fmt: skip
@@ -90,6 +106,9 @@ class LeanDraftDecoder:
         self.calls += 1
         dec, hd = self.decoder, self.head_dim
         x = F.embedding(input_ids, dec.embed_tokens.weight)
+        weights = self.kernel_weights()
+        if weights is not None and x.dtype == torch.float32 and x.shape[0] <= _linear.KERNEL_MAX_ROWS:
+            return self._kernel_forward(x.contiguous(), positions, forward_batch, weights)
         cos, sin = self.rope.cos_sin_cache.index_select(0, positions).to(x.dtype).unsqueeze(1).chunk(2, dim=-1)
         for layer in dec.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -101,6 +120,45 @@ class LeanDraftDecoder:
             half = gu.shape[-1] // 2
             x = x + mlp.down_proj(F.silu(gu[:, :half]) * gu[:, half:])[0]
         return _rms(x, dec.norm)
+
+    def _kernel_forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: Any, weights: list[tuple]):
+        self.kernel_calls += 1
+        kernel, dec, hd = lean_kernel(), self.decoder, self.head_dim
+        cos, sin = (t.contiguous() for t in self.rope.cos_sin_cache.index_select(0, positions).float().chunk(2, -1))
+        rotated = (self.q_size + self.kv_size) // hd
+        for layer, (n1, qkv, o, n2, gate_up, down, eps) in zip(dec.layers, weights):
+            q, k, v = kernel.layer_before(x, n1, qkv, cos, sin, rotated, hd, eps).split(
+                [self.q_size, self.kv_size, self.kv_size], dim=-1
+            )
+            att = layer.self_attn.attn(q, k, v, forward_batch)
+            kernel.layer_after(x, att.reshape(x.shape[0], -1).contiguous(), o, n2, gate_up, down, eps)
+        return _rms(x, dec.norm)
+
+
+def _kernel_weights(decoder: Any) -> list[tuple] | None:
+    """``LeanDraftDecoder.kernel_weights`` of ``decoder``: per layer ``(input norm, qkv, o, post-attention norm,
+    gate_up, down, eps)``, or None."""
+    out = []
+    for layer in decoder.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        norms = _norms(layer)
+        plain = all(
+            type(getattr(m, "quant_method", None)).__name__ == "UnquantizedLinearMethod"
+            and not getattr(m, "use_intel_amx_backend", False)
+            and getattr(m, "bias", None) is None
+            and isinstance(getattr(m, "weight", None), torch.Tensor)
+            and m.weight.device.type == "cpu"
+            and m.weight.dtype in (torch.float32, torch.bfloat16)
+            and m.weight.is_contiguous()
+            and m.weight.shape[1] % _linear.KERNEL_K_MULTIPLE == 0
+            for m in linears
+        ) and all(n.weight.dtype == torch.float32 and n.weight.is_contiguous() for n in norms)
+        if not plain or norms[0].variance_epsilon != norms[1].variance_epsilon:
+            return None
+        qkv, o, gate_up, down = (m.weight for m in linears)
+        out.append((norms[0].weight, qkv, o, norms[1].weight, gate_up, down, float(norms[0].variance_epsilon)))
+    return out
 
 
 def _norms(layer: Any) -> tuple:
@@ -130,7 +188,10 @@ def install_lean_draft(model: Any, tp_size: int, device: str) -> str | None:
     return reason
 
 
-def lean_forwards(model: Any) -> int | None:
-    """Forwards the lean decoder of the SGLang draft ``model`` took, or None where it has none."""
+def lean_forwards(model: Any, kernel: bool = False) -> int | None:
+    """Forwards the lean decoder of the SGLang draft ``model`` took (``kernel``: of them, those through
+    ``csrc/lean_decoder.cpp``), or None where it has none."""
     forward = getattr(getattr(model, "model", None), "__dict__", {}).get("forward")
-    return forward.calls if isinstance(forward, LeanDraftDecoder) else None
+    if not isinstance(forward, LeanDraftDecoder):
+        return None
+    return forward.kernel_calls if kernel else forward.calls

@@ -16,6 +16,7 @@ from sglang.srt.layers.activation import SiluAndMul  # noqa: E402
 from sglang.srt.layers.layernorm import RMSNorm  # noqa: E402
 from sglang.srt.layers.rotary_embedding import get_rope  # noqa: E402
 
+from sage_plugin.engines.lean import lean_kernel  # noqa: E402
 from sage_plugin.runtimes.sglang.lean_draft import (  # noqa: E402
     LeanDraftDecoder,
     install_lean_draft,
@@ -26,12 +27,19 @@ from sage_plugin.runtimes.sglang.lean_draft import (  # noqa: E402
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 32, 4, 2, 8, 48, 50
 
 
-class Linear(torch.nn.Module):
-    """SGLang's linear layers return ``(output, bias)``."""
+class UnquantizedLinearMethod:
+    """The name of SGLang's plain linear method: a layer carrying it may take the lean decoder's kernel."""
 
-    def __init__(self, g: torch.Generator, out: int, inp: int) -> None:
+
+class Linear(torch.nn.Module):
+    """SGLang's linear layers return ``(output, bias)``; ``plain``: they carry ``UnquantizedLinearMethod``."""
+
+    def __init__(self, g: torch.Generator, out: int, inp: int, plain: bool = False) -> None:
         super().__init__()
         self.weight = torch.nn.Parameter(torch.randn(out, inp, generator=g) / inp**0.5, requires_grad=False)
+        self.bias = None
+        if plain:
+            self.quant_method = UnquantizedLinearMethod()
 
     def forward(self, x):
         return x @ self.weight.T, None
@@ -67,7 +75,7 @@ class Batch:
         self.kv: dict = {}
 
 
-def _decoder(seed: int = 0, **rope_kw) -> torch.nn.Module:
+def _decoder(seed: int = 0, plain: bool = False, **rope_kw) -> torch.nn.Module:
     g = torch.Generator().manual_seed(seed)
     dec = torch.nn.Module()
     dec.embed_tokens = Linear(g, VOCAB, HIDDEN)  # [V, H] rows are the embeddings
@@ -76,15 +84,15 @@ def _decoder(seed: int = 0, **rope_kw) -> torch.nn.Module:
         layer = torch.nn.Module()
         attn = torch.nn.Module()
         attn.q_size, attn.kv_size, attn.head_dim = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, HEAD_DIM
-        attn.qkv_proj = Linear(g, (HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN)
-        attn.o_proj = Linear(g, HIDDEN, HEADS * HEAD_DIM)
+        attn.qkv_proj = Linear(g, (HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN, plain)
+        attn.o_proj = Linear(g, HIDDEN, HEADS * HEAD_DIM, plain)
         kw = {"rotary_dim": HEAD_DIM, "max_position": 512, "base": 10000, "is_neox_style": True} | rope_kw
         attn.rotary_emb = get_rope(HEAD_DIM, **kw)
         attn.attn = CausalAttention(i)
         mlp = torch.nn.Module()
         mlp.gate_up_proj, mlp.down_proj, mlp.act_fn = (
-            Linear(g, 2 * INTER, HIDDEN),
-            Linear(g, HIDDEN, INTER),
+            Linear(g, 2 * INTER, HIDDEN, plain),
+            Linear(g, HIDDEN, INTER, plain),
             SiluAndMul(),
         )
         layer.self_attn, layer.mlp = attn, mlp
@@ -111,12 +119,16 @@ def _oracle(dec, ids: torch.Tensor, positions: torch.Tensor, batch: Batch) -> to
     return dec.norm.forward_native(x)
 
 
-def test_lean_decoder_equals_sglangs_layers_over_prefill_extend_and_decode():
+@pytest.mark.parametrize("plain", [False, True], ids=["operators", "kernel"])
+def test_lean_decoder_equals_sglangs_layers_over_prefill_extend_and_decode(plain):
     """A prefill of 7 tokens, a 2-token extend and a 1-token decode (positions continue): the lean decoder's hidden
-    states match the oracle's at every step, and the cache both write is the same."""
-    dec = _decoder()
+    states match the oracle's at every step, and the cache both write is the same; ``plain`` layers (unquantized,
+    no biases) run through ``csrc/lean_decoder.cpp`` where it builds, with bfloat16-stored products too."""
+    dec = _decoder(plain=plain)
     assert lean_reason(dec, 1, "cpu") is None
     lean = LeanDraftDecoder(dec)
+    kernel = plain and lean_kernel() is not None
+    assert (lean.kernel_weights() is not None) == kernel
     ref_batch, lean_batch = Batch(), Batch()
     g = torch.Generator().manual_seed(1)
     pos = 0
@@ -130,7 +142,19 @@ def test_lean_decoder_equals_sglangs_layers_over_prefill_extend_and_decode():
     for layer, (k, v) in ref_batch.kv.items():
         torch.testing.assert_close(lean_batch.kv[layer][0], k, atol=2e-5, rtol=2e-5)
         torch.testing.assert_close(lean_batch.kv[layer][1], v, atol=2e-5, rtol=2e-5)
-    assert lean.calls == 3
+    assert lean.calls == 3 and lean.kernel_calls == (3 if kernel else 0)
+    if kernel:  # bfloat16 products (cpu_draft_dtype): the kernel widens them as the oracle's float32 copies compute
+        for layer in dec.layers:
+            for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+                m.weight = torch.nn.Parameter(m.weight.to(torch.bfloat16), requires_grad=False)
+        lean = LeanDraftDecoder(dec)
+        batch, ids, positions = Batch(), torch.randint(0, VOCAB, (5,), generator=g), torch.arange(5)
+        got = lean(ids, positions, batch)
+        for layer in dec.layers:
+            for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+                m.weight = torch.nn.Parameter(m.weight.float(), requires_grad=False)
+        torch.testing.assert_close(got, _oracle(dec, ids, positions, Batch()), atol=2e-5, rtol=2e-5)
+        assert lean.kernel_calls == 1
 
 
 def test_install_replaces_the_instances_forward_and_counts_its_calls():
