@@ -27,13 +27,7 @@
 
 namespace {
 
-using sage::axpy;
-using sage::dot;
-using sage::exp_nonpositive;
-using sage::LANES;
-using sage::load;
-using sage::store;
-using sage::vec;
+using namespace sage;  // lanes.h: vec, LANES, load, store, dot, exp_nonpositive, axpy, reduce
 
 // y [T, H] = x * rsqrt(mean(x^2) + eps) * w, row by row
 void rms_norm(const float* x, const float* w, float* y, int64_t T, int64_t H, float eps) {
@@ -133,7 +127,7 @@ void attend(const Dims& n, const float* q, const float* kb, const float* vb, con
             store(p.data() + j, e);
             total += e;
           }
-          const float sum = sage::reduce(total);
+          const float sum = reduce(total);
           for (int64_t j = 0; j < L; ++j)
             if (vis[j]) axpy(o, p[j] / sum, V + j * n.D, n.D);
         }
