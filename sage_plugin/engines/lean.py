@@ -178,13 +178,14 @@ class LeanDecoder:
         bsz, q = input_ids.shape
         x = decoder.embed_tokens(input_ids)
         cos, sin = decoder.rotary_emb(x, positions)
-        if self._kernel_takes(x, state):
+        if self._kernel_takes(x, state) and cos.shape[-1] == self.head_dim:  # full rotary (the kernel's)
             s = state.cache.layers[0].keys.shape[2]
             room = [kv_room(layer, q) for layer in state.cache.layers]
             half = self.head_dim // 2  # the angles' cos / sin (transformers repeats them for the two halves)
+            angles = (cos[..., :half].contiguous(), sin[..., :half].contiguous())
             out = lean_kernel().lean_decoder(
-                x, cos[..., :half].contiguous(), sin[..., :half].contiguous(), mask[:, 0].contiguous(), self._flat, decoder.norm.weight,
-                [k for k, _ in room], [v for _, v in room], s, self.heads, self.kv_heads, self.eps, self.scaling,
+                x, *angles, mask[:, 0].contiguous(), self._flat, decoder.norm.weight, [k for k, _ in room],
+                [v for _, v in room], s, self.heads, self.kv_heads, self.eps, self.scaling,
             )  # fmt: skip
             state.appended(q)
             return out
