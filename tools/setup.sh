@@ -41,7 +41,7 @@ $V/python -c "from sage_plugin.models import ensure_smollm2; print('target:', en
 # each) instead of at the first forward
 $V/python -c "from sage_plugin.core.linear import rows_kernel; print('rows kernel:', 'built' if rows_kernel() else 'not built: weight-major products')"
 $V/python -c "from sage_plugin.core.paged_attention import attention_kernel; print('paged attention kernel:', 'built' if attention_kernel() else 'not built: gather + SDPA')"
-$V/python -c "from sage_plugin.engines.lean import lean_kernel; print('lean decoder kernel:', 'built' if lean_kernel() else 'not built: drafts run operator by operator')"
+$V/python -c "from sage_plugin.core.lean_decoder import lean_kernel; print('lean decoder kernel:', 'built' if lean_kernel() else 'not built: drafts run operator by operator')"
 if [ "$WITH_SGLANG" = 1 ]; then
     bash tools/setup_sglang.sh .venv .sglang-libcuda
 fi

@@ -31,12 +31,12 @@ import torch
 import torch.nn.functional as F
 
 from ..core import linear as _linear
+from ..core.lean_decoder import lean_kernel
 from ..core.linear import linear
-from ..core.native import cpu_kernel
 from .attention import group_mask
 from .kv import append_kv, kv_room
 
-__all__ = ["LeanDecoder", "lean_kernel", "lean_supported"]
+__all__ = ["LeanDecoder", "lean_supported"]
 
 _FAMILIES = ("llama", "mistral", "qwen2")
 
@@ -59,11 +59,6 @@ def lean_supported(model: Any) -> bool:
         and not any(hasattr(attn, n) for n in ("q_norm", "k_norm"))  # qwen3-style per-head norms
     )
     return needed
-
-
-def lean_kernel() -> Any:
-    """The compiled ``csrc/lean_decoder.cpp`` (``.lean_decoder(...)``), or None where it cannot be built."""
-    return cpu_kernel("lean_decoder", "a draft's lean forward runs operator by operator")
 
 
 def _cat_bias(*mods: Any) -> torch.Tensor | None:

@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from sage_plugin.core.lean_decoder import lean_kernel
 from sage_plugin.engines.kv import SeqState, append_kv
-from sage_plugin.engines.lean import LeanDecoder, lean_kernel, lean_supported
+from sage_plugin.engines.lean import LeanDecoder, lean_supported
 from sage_plugin.engines.lm import GenRequest, TextModel, use_fast_linears
 
 VOCAB = 96

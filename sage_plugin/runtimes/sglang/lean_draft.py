@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ...core import linear as _linear
-from ...engines.lean import lean_kernel
+from ...core.lean_decoder import lean_kernel
 
 __all__ = ["LeanDraftDecoder", "install_lean_draft", "lean_forwards", "lean_reason"]
 

@@ -267,7 +267,7 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
     # the standalone draft's forwards ran the lean decoder (cpu_lean_draft, lean_draft.py)
     assert sage["lean_draft_forwards"] > 0, sage
     # ... through the one-call-a-layer-side kernel where it builds (csrc/lean_decoder.cpp)
-    from sage_plugin.engines.lean import lean_kernel
+    from sage_plugin.core.lean_decoder import lean_kernel
 
     assert (sage["lean_draft_kernel_forwards"] > 0) == (lean_kernel() is not None), sage
     # drafted steps verified ragged, some rows dropped (ragged.py)

@@ -16,7 +16,7 @@ from sglang.srt.layers.activation import SiluAndMul  # noqa: E402
 from sglang.srt.layers.layernorm import RMSNorm  # noqa: E402
 from sglang.srt.layers.rotary_embedding import get_rope  # noqa: E402
 
-from sage_plugin.engines.lean import lean_kernel  # noqa: E402
+from sage_plugin.core.lean_decoder import lean_kernel  # noqa: E402
 from sage_plugin.runtimes.sglang.lean_draft import (  # noqa: E402
     LeanDraftDecoder,
     install_lean_draft,
