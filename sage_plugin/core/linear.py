@@ -77,7 +77,7 @@ import torch.nn.functional as F
 
 from .native import cpu_kernel
 
-__all__ = ["KERNEL_MAX_ROWS", "MAX_ROWS", "linear", "rows_kernel", "stored_as"]
+__all__ = ["KERNEL_MAX_ROWS", "MAX_ROWS", "kernel_streams", "linear", "rows_kernel", "stored_as"]
 
 #: the most rows taken by the rows kernel or weight-major (above: F.linear)
 MAX_ROWS = 64
@@ -116,13 +116,21 @@ def _weight_major(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.mm(weight, x2.t()).t()[:rows].contiguous()
 
 
+def kernel_streams(weight: torch.Tensor) -> bool:
+    """Whether the rows kernel can stream ``weight`` ``[N, K]`` as stored: float32 or bfloat16, contiguous, ``K`` a
+    multiple of :data:`KERNEL_K_MULTIPLE` (its consumers: :func:`linear` and the draft's one-call decoder)."""
+    return (
+        weight.dtype in (torch.float32, torch.bfloat16)
+        and weight.is_contiguous()
+        and weight.shape[-1] % KERNEL_K_MULTIPLE == 0
+    )
+
+
 def _kernel_applies(x: torch.Tensor, weight: torch.Tensor, rows: int) -> bool:
     return (
         rows <= KERNEL_MAX_ROWS
         and x.dtype == torch.float32
-        and weight.dtype in (torch.float32, torch.bfloat16)
-        and weight.is_contiguous()
-        and x.shape[-1] % KERNEL_K_MULTIPLE == 0
+        and kernel_streams(weight)  # its K is x's in any valid call
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
     )
 

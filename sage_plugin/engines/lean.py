@@ -133,8 +133,7 @@ class LeanDecoder:
                 layer.qkv_bias is None and layer.o.bias is None and layer.down.bias is None for layer in self.layers
             )
             and all(n.weight.dtype == torch.float32 and n.weight.device.type == "cpu" for n in norms)
-            and all(w.dtype in (torch.float32, torch.bfloat16) and w.is_contiguous() for w in products)
-            and all(w.shape[1] % _linear.KERNEL_K_MULTIPLE == 0 for w in products)
+            and all(_linear.kernel_streams(w) for w in products)
             and len({getattr(n, "variance_epsilon", None) for n in norms}) == 1
             and self.head_dim % 2 == 0
             and lean_kernel() is not None
@@ -155,11 +154,12 @@ class LeanDecoder:
             )
         ]
 
-    def _kernel_takes(self, x: torch.Tensor, state: Any) -> bool:
+    def _kernel_takes(self, x: torch.Tensor, cos: torch.Tensor, state: Any) -> bool:
         rows = x.shape[0] * x.shape[1]
         return (
             self._flat is not None
             and x.dtype == torch.float32
+            and cos.shape[-1] == self.head_dim  # full rotary (the kernel's)
             and rows <= _linear.KERNEL_MAX_ROWS
             and all(layer.keys.dtype == torch.float32 for layer in state.cache.layers)
         )
@@ -173,7 +173,7 @@ class LeanDecoder:
         bsz, q = input_ids.shape
         x = decoder.embed_tokens(input_ids)
         cos, sin = decoder.rotary_emb(x, positions)
-        if self._kernel_takes(x, state) and cos.shape[-1] == self.head_dim:  # full rotary (the kernel's)
+        if self._kernel_takes(x, cos, state):
             s = state.cache.layers[0].keys.shape[2]
             room = [kv_room(layer, q) for layer in state.cache.layers]
             half = self.head_dim // 2  # the angles' cos / sin (transformers repeats them for the two halves)

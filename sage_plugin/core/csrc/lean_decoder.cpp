@@ -40,15 +40,6 @@ void rms_norm(const float* x, const float* w, float* y, int64_t T, int64_t H, fl
   }
 }
 
-// y [M, N] = x [M, K] @ w [N, K].T
-void product(const float* x, const at::Tensor& w, float* y, int64_t M) {
-  const int64_t N = w.size(0), K = w.size(1);
-  if (w.scalar_type() == at::kBFloat16)
-    sage::rows::run(x, reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), y, M, K, N);
-  else
-    sage::rows::run(x, w.data_ptr<float>(), y, M, K, N);
-}
-
 // v [D] rotated in place (neox style): v * cos + rotate_half(v) * sin, rotate_half(v) = (-v[D/2:], v[:D/2]), with
 // c / s [D / 2] the angles' cos / sin (each repeated for the two halves)
 inline void rotate(float* v, const float* c, const float* s, int64_t D) {
@@ -72,7 +63,7 @@ void before_attention(const float* x, const at::Tensor& norm, const at::Tensor& 
                       float* qkv, Scratch& sc, int64_t T, int64_t H, int64_t rotated, int64_t D, float eps) {
   const int64_t width = w_qkv.size(0);
   rms_norm(x, norm.data_ptr<float>(), sc.h.data(), T, H, eps);
-  product(sc.h.data(), w_qkv, qkv, T);
+  rows::run(sc.h.data(), w_qkv, qkv, T);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t hh = 0; hh < rotated; ++hh) rotate(qkv + t * width + hh * D, c + t * D / 2, s + t * D / 2, D);
 }
@@ -80,16 +71,16 @@ void before_attention(const float* x, const at::Tensor& norm, const at::Tensor& 
 // x [T, H] += o(att); x += down(silu(gate) * up) of the gate/up product of norm(x)
 void after_attention(float* x, const float* att, const at::Tensor* w, Scratch& sc, int64_t T, int64_t H, float eps) {
   const int64_t I = w[2].size(0) / 2;
-  product(att, w[0], sc.delta.data(), T);
+  rows::run(att, w[0], sc.delta.data(), T);
   for (int64_t e = 0; e < T * H; ++e) x[e] += sc.delta[e];
   rms_norm(x, w[1].data_ptr<float>(), sc.h.data(), T, H, eps);
-  product(sc.h.data(), w[2], sc.gu.data(), T);
+  rows::run(sc.h.data(), w[2], sc.gu.data(), T);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t e = 0; e < I; ++e) {
       const float g = sc.gu[t * 2 * I + e];
       sc.act[t * I + e] = g / (1.0f + std::exp(-g)) * sc.gu[t * 2 * I + I + e];
     }
-  product(sc.act.data(), w[3], sc.delta.data(), T);
+  rows::run(sc.act.data(), w[3], sc.delta.data(), T);
   for (int64_t e = 0; e < T * H; ++e) x[e] += sc.delta[e];
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 
 #include "lanes.h"
 
@@ -144,5 +145,13 @@ inline void run(const float* xp, const W* wp, float* yp, int64_t M, int64_t K, i
   for (int64_t n = tiles * R; n < N; ++n) rows_of_x<1>(xp, wp, yp, M, K, N, n);
 }
 
+// run() over w's own storage: w [N, K] contiguous CPU float32 or bfloat16 (the caller checks it), y [M, N].
+inline void run(const float* xp, const at::Tensor& w, float* yp, int64_t M) {
+  const int64_t N = w.size(0), K = w.size(1);
+  if (w.scalar_type() == at::kBFloat16)
+    run(xp, reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), yp, M, K, N);
+  else
+    run(xp, w.data_ptr<float>(), yp, M, K, N);
+}
 
 }  // namespace sage::rows

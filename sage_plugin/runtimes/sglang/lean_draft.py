@@ -149,9 +149,7 @@ def _kernel_weights(decoder: Any) -> list[tuple] | None:
             and getattr(m, "bias", None) is None
             and isinstance(getattr(m, "weight", None), torch.Tensor)
             and m.weight.device.type == "cpu"
-            and m.weight.dtype in (torch.float32, torch.bfloat16)
-            and m.weight.is_contiguous()
-            and m.weight.shape[1] % _linear.KERNEL_K_MULTIPLE == 0
+            and _linear.kernel_streams(m.weight)
             for m in linears
         ) and all(n.weight.dtype == torch.float32 and n.weight.is_contiguous() for n in norms)
         if not plain or norms[0].variance_epsilon != norms[1].variance_epsilon:
