@@ -28,7 +28,7 @@ from .tree import DraftTree, path_code
 
 __all__ = [
     "DraftPool", "Candidates", "Frontier", "new_pool", "propose", "append", "budget_top_n", "best_nodes", "finalize",
-    "finalize_nodes", "node_values", "rank_desc",
+    "finalize_nodes", "node_values", "rank_desc", "TopChildren", "top_children",
 ]  # fmt: skip
 
 NEG_INF = float("-inf")
@@ -108,6 +108,31 @@ class Candidates:
     codes: torch.Tensor
 
 
+@dataclass(frozen=True, slots=True)
+class TopChildren:
+    """The ``k`` most probable children of each frontier node, all ``[B, F, K]`` (``conf`` ``[B, F]``).
+
+    Attributes:
+        values: float32 their draft log-probabilities, descending (-inf: impossible).
+        tokens: int64 their token ids.
+        logp_topk: float32 the log-probabilities renormalised over the top ``k``.
+        conf: float32 the confidence alpha of each frontier node's draft distribution (:func:`topk_confidence`).
+    """
+
+    values: torch.Tensor
+    tokens: torch.Tensor
+    logp_topk: torch.Tensor
+    conf: torch.Tensor
+
+
+def top_children(logprobs: torch.Tensor, k: int, vocab: torch.Tensor | None = None) -> TopChildren:
+    """The top-``k`` children of draft distributions ``logprobs [B, F, V]`` (``vocab``: :func:`propose`)."""
+    top = torch.topk(logprobs.float(), k, dim=-1)  # sorted by probability
+    tokens = top.indices if vocab is None else vocab[top.indices]
+    # the top-k of the top-k is itself
+    return TopChildren(top.values, tokens, torch.log_softmax(top.values, dim=-1), topk_confidence(top.values, k))
+
+
 def new_pool(root_tokens: torch.Tensor, capacity: int, k: int) -> tuple[DraftPool, Frontier]:
     """Start a round: a pool holding only the roots, and a frontier of the roots.
 
@@ -172,9 +197,8 @@ def propose(
     """
     fidx = frontier.idx.clamp(min=0)
     fvalid = frontier.valid
-    top = torch.topk(logprobs.float(), k, dim=-1)  # [B, F, K], sorted by probability
-    logp_topk = torch.log_softmax(top.values, dim=-1)
-    conf = topk_confidence(top.values, k)  # top-k of the top-k is itself
+    top = top_children(logprobs, k, vocab)
+    logp_topk, conf = top.logp_topk, top.conf
     rows = torch.where(fvalid, fidx, pool.capacity)
     pool.conf.scatter_(1, rows, conf)
     if topk_rows:
@@ -185,13 +209,13 @@ def propose(
 
     parent_joint, parent_joint_topk = par(pool.joint), par(pool.joint_topk)
 
-    ranks = torch.arange(k, device=logprobs.device).expand_as(top.indices)
-    valid = fvalid[..., None].expand_as(top.indices) & torch.isfinite(top.values)
+    ranks = torch.arange(k, device=logprobs.device).expand_as(top.tokens)
+    valid = fvalid[..., None].expand_as(top.tokens) & torch.isfinite(top.values)
     return Candidates(
         level=level,
         parent=torch.where(fvalid, frontier.idx, -1)[..., None].expand(-1, -1, k),
         valid=valid,
-        tokens=top.indices if vocab is None else vocab[top.indices],
+        tokens=top.tokens,
         logp=top.values,
         logp_topk=logp_topk,
         joint=parent_joint

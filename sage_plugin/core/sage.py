@@ -20,11 +20,22 @@ from typing import TYPE_CHECKING
 import torch
 
 from .baselines import StaticPolicy, rerank
-from .calibration import calibration_log_table
+from .beam_level import beam_level
+from .calibration import calibrated_logp, calibration_log_table
 from .controller import observe_history
 from .cost import cost_cut, level_pays
 from .entropy import topk_confidence
-from .expand import Candidates, DraftPool, Frontier, append, best_nodes, budget_top_n, finalize_nodes, propose
+from .expand import (
+    Candidates,
+    DraftPool,
+    Frontier,
+    append,
+    best_nodes,
+    budget_top_n,
+    finalize_nodes,
+    propose,
+    top_children,
+)
 from .planned import code_depth, plan_next_tree, planned_selection
 from .policy import FixedShapePolicy, PolicyState, RoundPlan
 from .shape import LevelProbs, budget_key, choose_alpha, in_prob_space, level_keep, plan_shape
@@ -130,7 +141,9 @@ class SagePolicy(FixedShapePolicy):
     def uses_static_tree(cls, cfg: SageConfig) -> bool:
         return cfg.first_round_static
 
-    def __init__(self, cfg: SageConfig) -> None:
+    def __init__(self, cfg: SageConfig, fused: bool = True) -> None:
+        """``fused``: run the beam pool's levels through the CPU kernel where it applies (:meth:`_fused_step`; False:
+        always operator by operator, the tests' oracle)."""
         super().__init__(cfg)
         self.static = StaticPolicy(cfg) if cfg.first_round_static else None
         self.pool_capacity = self.pool_nodes_for(cfg) + 1
@@ -143,6 +156,7 @@ class SagePolicy(FixedShapePolicy):
         # what step() reads of a level's candidates: the parents' probabilities (the level rule of a kept pool) and
         # the frontier's top-k rows (the planned topology's replay)
         self._propose_reads = {"parents": self.pool != "beam", "topk_rows": cfg.topology == "planned"}
+        self.fused = fused and self.pool == "beam" and cfg.topology == "online"
 
     def init_state(self, batch: int, device: torch.device | str = "cpu") -> PolicyState:
         state = super().init_state(batch, device)
@@ -169,6 +183,10 @@ class SagePolicy(FixedShapePolicy):
         cal = self._calibration
         if cal is not None and cal.device != logprobs.device:  # once per device (a host-to-device copy)
             cal = self._calibration = cal.to(logprobs.device)
+        if self.fused and logprobs.device.type == "cpu" and not bool(plan.first_round.any()):
+            fused = self._fused_step(plan, pool, frontier, logprobs, level, cal, vocab)
+            if fused is not None:
+                return fused
         c = propose(pool, frontier, logprobs, self.k, level, cal, vocab, **self._propose_reads)
         if plan.planned is not None:  # replay the tree planned at the end of the last round
             keep, expand = planned_selection(plan.planned, c, self.k)
@@ -194,6 +212,18 @@ class SagePolicy(FixedShapePolicy):
         # every expanded candidate (at most all of the level's) in insertion order; _in_top cuts them to the width
         frontier = append(pool, c, keep, expand, order, c.valid[0].numel())
         return _in_top(pool, frontier, self.rerank_total(self.cfg), self.frontier_capacity)
+
+    def _fused_step(self, plan, pool, frontier, logprobs, level, cal, vocab) -> Frontier | None:
+        """:meth:`step` of a beam pool after the first round (every candidate pooled, the ``W`` best by path value
+        grow, the frontier cut by :func:`_in_top`) in one kernel call on CPU (:mod:`.beam_level`); None where the
+        kernel does not take it.  The same pool and frontier as the operator path (host reads here are CPU reads:
+        this path never runs on an accelerator)."""
+        top = top_children(logprobs, self.k, vocab)
+        gain = top.values if cal is None else calibrated_logp(cal, top.values, top.conf[..., None])
+        width = min(top.values.shape[1] * self.k, self.frontier_capacity)  # _in_top's cut of append's frontier
+        best_first = self.cfg.budget_order == "best_first"
+        fidx = Frontier(frontier.idx.contiguous())
+        return beam_level(pool, fidx, top, gain, plan.width, level, self.rerank_total(self.cfg), width, best_first)
 
     def finalize(self, plan: RoundPlan, pool: DraftPool, round_ms: torch.Tensor | None = None) -> DraftTree:
         """All pool nodes, or the :meth:`rerank_total` best by path value; with ``node_budget="auto"`` and a measured

@@ -1,0 +1,59 @@
+"""One level of SAGE's beam pool in one call on CPU: ``csrc/beam_level.cpp``.
+
+:meth:`~sage_plugin.core.sage.SagePolicy.step` under ``rerank_pool: beam`` (SAGE's default) runs about a hundred
+small tensor operations a level (the candidates' path values and codes, the beam's top-``W``, the pool's sorted
+append, the frontier cut to the pool's best nodes); on a CPU each costs microseconds of host time, about 1 ms a
+level in all, which the node budget prices into every drafted level.  The kernel does the same work per request in one
+call.  The torch path stays the fallback (other devices, no compiler, a static first round, the planned topology) and
+is the tests' oracle: the kernel writes the same integers and adds the same float32 values, so the pool and the
+frontier it returns are identical (tests/unit/test_beam_level.py).
+
+Worked example (one request, ``k = 2``, pool ``[root]``, frontier ``[0]``, width 1, ``n_best = 4``): top values
+``[-0.1, -2.3]`` give candidates with path values ``-0.1`` (rank 0, code 1) and ``-2.3`` (rank 1, code 2); both enter
+the pool at slots 1 and 2 in that order, the beam grows only slot 1, and the next frontier is ``[1, -1]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .expand import DraftPool, Frontier, TopChildren
+from .native import cpu_kernel
+
+__all__ = ["beam_kernel", "beam_level"]
+
+
+def beam_kernel() -> Any:
+    """The compiled kernel (``.beam_level``), or None where it cannot be built (one warning)."""
+    return cpu_kernel("beam_level", "SAGE's beam levels run operator by operator")
+
+
+def beam_level(
+    pool: DraftPool, frontier: Frontier, top: TopChildren, gain: torch.Tensor, width: torch.Tensor, level: int,
+    n_best: int, frontier_width: int, best_first: bool,
+) -> Frontier | None:  # fmt: skip
+    """One beam level (the module docstring), or None where the kernel does not take it (not built, not CPU).
+
+    Args:
+        pool: the round's pool, updated in place (its trash column is not written).
+        frontier: ``[B, F]`` the nodes whose children are proposed.
+        top: their top-``k`` children (:func:`~sage_plugin.core.expand.top_children`), ``[B, F, K]``.
+        gain: ``[B, F, K]`` float32 what each child adds to its parent's path value (its draft log-probability, or
+            the calibrated factor).
+        width: ``[B]`` int64 the beam: children of the level that grow.
+        level: the children's depth.
+        n_best: a grown child stays on the frontier only among the pool's ``n_best`` most valuable nodes.
+        frontier_width: the returned frontier's width (at most ``F * K``).
+        best_first: insertion order by path value (``budget_order: best_first``), else by position.
+    """
+    kernel = beam_kernel()
+    if kernel is None or frontier.idx.device.type != "cpu":
+        return None
+    idx = kernel.beam_level(
+        pool.tokens, pool.parents, pool.depths, pool.logp, pool.logp_topk, pool.joint, pool.joint_topk, pool.ranks,
+        pool.codes, pool.conf, pool.count, frontier.idx, top.values, gain, top.tokens, top.logp_topk, top.conf, width,
+        level, n_best, frontier_width, best_first,
+    )  # fmt: skip
+    return Frontier(idx)
