@@ -21,6 +21,7 @@ import torch
 
 from .baselines import StaticPolicy, rerank
 from .beam_level import beam_level
+from .beam_level import level_pays as fused_level_pays
 from .calibration import calibrated_logp, calibration_log_table
 from .controller import observe_history
 from .cost import cost_cut, level_pays
@@ -142,8 +143,9 @@ class SagePolicy(FixedShapePolicy):
         return cfg.first_round_static
 
     def __init__(self, cfg: SageConfig, fused: bool = True) -> None:
-        """``fused``: run the beam pool's levels through the CPU kernel where it applies (:meth:`_fused_step`; False:
-        always operator by operator, the tests' oracle)."""
+        """``fused``: run the beam pool's levels (:meth:`_fused_step`) and the levels' cost check
+        (:meth:`keep_drafting`) through the CPU kernels where they apply (False: always operator by operator, the
+        tests' oracle)."""
         super().__init__(cfg)
         self.static = StaticPolicy(cfg) if cfg.first_round_static else None
         self.pool_capacity = self.pool_nodes_for(cfg) + 1
@@ -157,6 +159,7 @@ class SagePolicy(FixedShapePolicy):
         # the frontier's top-k rows (the planned topology's replay)
         self._propose_reads = {"parents": self.pool != "beam", "topk_rows": cfg.topology == "planned"}
         self.fused = fused and self.pool == "beam" and cfg.topology == "online"
+        self.fused_cost = fused
 
     def init_state(self, batch: int, device: torch.device | str = "cpu") -> PolicyState:
         state = super().init_state(batch, device)
@@ -245,7 +248,9 @@ class SagePolicy(FixedShapePolicy):
         if not self.wants_cost:
             return super().keep_drafting(pool, level, round_ms)
         ahead = self._rerank_cap(next_round_ms) if next_round_ms is not None and self.cfg.lookahead else None
-        return level_pays(pool, level, self._rerank_cap(round_ms), ahead)
+        cap = self._rerank_cap(round_ms)
+        fused = fused_level_pays(pool, level, cap, ahead) if self.fused_cost else None
+        return fused if fused is not None else level_pays(pool, level, cap, ahead)
 
     def _rerank_cap(self, round_ms: torch.Tensor) -> torch.Tensor:
         """``round_ms`` up to :meth:`rerank_total` nodes (where set): the cut prices, so keeps, at most that many."""

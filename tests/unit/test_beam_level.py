@@ -150,3 +150,52 @@ def test_the_worked_example():
     assert out.idx.tolist() == [[1, -1]]
     assert pool.tokens[0, :3].tolist() == [9, 3, 1] and pool.codes[0, :3].tolist() == [0, 1, 2]
     assert pool.joint[0, 1:3].tolist() == pytest.approx([-0.1, -2.3]) and int(pool.count[0]) == 3
+
+
+def _random_pool(gen: torch.Generator, bsz: int, capacity: int, grid: float) -> DraftPool:
+    pool, _ = new_pool(torch.zeros(bsz, dtype=torch.int64), capacity, 2)
+    pool.count[:] = torch.randint(1, capacity + 1, (bsz,), generator=gen)
+    values = -torch.rand(bsz, capacity + 1, generator=gen) * 6.0
+    pool.joint[:] = torch.round(values / grid) * grid if grid else values
+    pool.depths[:] = torch.randint(1, 5, (bsz, capacity + 1), generator=gen)
+    return pool
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    bsz=st.integers(1, 3),
+    capacity=st.integers(2, 40),
+    grid=st.sampled_from([0.0, 0.25, 1.0]),
+    level=st.integers(1, 4),
+    ms_len=st.integers(1, 45),
+    ahead=st.sampled_from([None, 0.0, 2.0, 20.0]),
+)
+def test_the_cost_check_in_one_call_decides_as_the_operator_path(seed, bsz, capacity, grid, level, ms_len, ahead):
+    """``level_pays`` through the kernel: the same decision as ``cost.level_pays`` on random pools (ties, short and
+    long cost curves, with and without the look-ahead)."""
+    from sage_plugin.core import beam_level as fused
+    from sage_plugin.core.cost import level_pays
+
+    gen = torch.Generator().manual_seed(seed)
+    pool = _random_pool(gen, bsz, capacity, grid)
+    round_ms = 30.0 + torch.cumsum(torch.rand(ms_len, generator=gen) * 4.0, 0)
+    nxt = None if ahead is None else round_ms + ahead
+    want = level_pays(pool, level, round_ms, nxt)
+    got = fused.level_pays(pool, level, round_ms, nxt)
+    assert got.dtype == torch.bool and got.dim() == 0 and bool(got) == bool(want)
+
+
+def test_the_cost_check_in_one_call_answers_both_ways():
+    """Cheap verification keeps drafting, an expensive next level stops: the kernel answers as cost.py's worked
+    example does."""
+    from sage_plugin.core import beam_level as fused
+
+    pool, _ = new_pool(torch.zeros(1, dtype=torch.int64), 4, 2)
+    pool.count[:] = 3
+    pool.joint[0, 1:3] = torch.tensor([0.8, 0.5]).log()
+    pool.depths[0, 1:3] = torch.tensor([1, 2])
+    flat = torch.full((4,), 70.0)
+    assert bool(fused.level_pays(pool, 2, flat, flat + 5.0))
+    pool.joint[0, 2] = torch.tensor(0.04).log()
+    assert not bool(fused.level_pays(pool, 2, flat, flat + 5.0))

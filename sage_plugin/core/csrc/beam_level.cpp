@@ -144,6 +144,41 @@ at::Tensor beam_level(at::Tensor tokens, at::Tensor parents, at::Tensor depths, 
   return out;
 }
 
+namespace {
+
+// cost.py's _rates: expected tokens per millisecond when every request verifies its q best nodes, q = 0..m.
+at::Tensor rates(const at::Tensor& ordered, const at::Tensor& round_ms) {
+  const int64_t m = std::min(ordered.size(1), round_ms.size(0) - 1);
+  const auto head = ordered.slice(1, 0, m);
+  const auto per_q = at::cumsum(head.exp(), 1).sum(0);
+  return (at::cat({per_q.new_zeros({1}), per_q}) + head.size(0)) / round_ms.slice(0, 0, m + 1);
+}
+
+}  // namespace
+
+// cost.py's level_pays, operator for operator (the same ATen calls on the same tensors, so the same bits and the same
+// decision) without the Python between them: joint / depths are the pool's [B, P + 1] columns, count [B].
+at::Tensor level_pays(const at::Tensor& joint, const at::Tensor& depths, const at::Tensor& count, int64_t level,
+                      const at::Tensor& round_ms, const std::optional<at::Tensor>& next_round_ms) {
+  const int64_t P = joint.size(1) - 1;
+  const auto filled = at::arange(1, P, count.options()).lt(count.unsqueeze(1));
+  const auto value = at::where(filled, joint.slice(1, 1, P), -std::numeric_limits<double>::infinity());
+  const auto sorted = at::sort(value, /*stable=*/true, /*dim=*/1, /*descending=*/true);
+  const auto& order = std::get<1>(sorted);
+  const auto ar = at::arange(value.size(1), order.options()).expand_as(order);
+  const auto place = at::empty_like(ar).scatter_(1, order, ar);
+  const auto now = rates(std::get<0>(sorted), round_ms);
+  const auto cut = filled.logical_and(place.lt(now.argmax()));
+  const auto at_level = filled.logical_and(depths.slice(1, 1, P).eq(level));
+  const auto keep = cut.logical_and(at_level).any();
+  if (!next_round_ms) return keep;
+  const int64_t m = std::min(value.size(1), next_round_ms->size(0) - 1);
+  const auto virt = at::where(at_level, value, -std::numeric_limits<double>::infinity());
+  const auto top = std::get<0>(at::topk(at::cat({value, virt}, 1), m, 1));
+  return keep.logical_and(rates(top, *next_round_ms).max().gt(now.max()));
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("beam_level", &beam_level, "one level of SAGE's beam pool (sage_plugin/core/beam_level.py)");
+  m.def("level_pays", &level_pays, "cost.level_pays without the Python between its operators");
 }
