@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from .expand import DraftPool, Frontier, TopChildren
+from .calibration import calibrated_logp
+from .expand import DraftPool, Frontier, top_children
 from .native import cpu_kernel
 
 __all__ = ["beam_kernel", "beam_level", "level_pays"]
@@ -35,30 +36,30 @@ def beam_kernel() -> Any:
 
 
 def beam_level(
-    pool: DraftPool, frontier: Frontier, top: TopChildren, gain: torch.Tensor, width: torch.Tensor, level: int,
-    n_best: int, frontier_width: int, best_first: bool,
+    pool: DraftPool, frontier: Frontier, logprobs: torch.Tensor, k: int, level: int, width: torch.Tensor,
+    n_best: int, frontier_capacity: int, best_first: bool, calibration: torch.Tensor | None = None,
+    vocab: torch.Tensor | None = None,
 ) -> Frontier | None:  # fmt: skip
     """One beam level (the module docstring), or None where the kernel does not take it (not built, not CPU).
 
     Args:
         pool: the round's pool, updated in place (its trash column is not written).
         frontier: ``[B, F]`` the nodes whose children are proposed.
-        top: their top-``k`` children (:func:`~sage_plugin.core.expand.top_children`), ``[B, F, K]``.
-        gain: ``[B, F, K]`` float32 what each child adds to its parent's path value (its draft log-probability, or
-            the calibrated factor).
+        logprobs, k, level, calibration, vocab: as :func:`~sage_plugin.core.expand.propose` takes them.
         width: ``[B]`` int64 the beam: children of the level that grow.
-        level: the children's depth.
         n_best: a grown child stays on the frontier only among the pool's ``n_best`` most valuable nodes.
-        frontier_width: the returned frontier's width (at most ``F * K``).
+        frontier_capacity: the most frontier slots returned (at most ``F * k`` are).
         best_first: insertion order by path value (``budget_order: best_first``), else by position.
     """
     kernel = beam_kernel()
-    if kernel is None or frontier.idx.device.type != "cpu":
+    if kernel is None or logprobs.device.type != "cpu":
         return None
+    top = top_children(logprobs, k, vocab)
+    gain = top.values if calibration is None else calibrated_logp(calibration, top.values, top.conf[..., None])
     idx = kernel.beam_level(
         pool.tokens, pool.parents, pool.depths, pool.logp, pool.logp_topk, pool.joint, pool.joint_topk, pool.ranks,
-        pool.codes, pool.conf, pool.count, frontier.idx, top.values, gain, top.tokens, top.logp_topk, top.conf, width,
-        level, n_best, frontier_width, best_first,
+        pool.codes, pool.conf, pool.count, frontier.idx.contiguous(), top.values, gain, top.tokens, top.logp_topk,
+        top.conf, width, level, n_best, min(top.values.shape[1] * k, frontier_capacity), best_first,
     )  # fmt: skip
     return Frontier(idx)
 

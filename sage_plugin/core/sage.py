@@ -22,21 +22,11 @@ import torch
 from .baselines import StaticPolicy, rerank
 from .beam_level import beam_level
 from .beam_level import level_pays as fused_level_pays
-from .calibration import calibrated_logp, calibration_log_table
+from .calibration import calibration_log_table
 from .controller import observe_history
 from .cost import cost_cut, level_pays
 from .entropy import topk_confidence
-from .expand import (
-    Candidates,
-    DraftPool,
-    Frontier,
-    append,
-    best_nodes,
-    budget_top_n,
-    finalize_nodes,
-    propose,
-    top_children,
-)
+from .expand import Candidates, DraftPool, Frontier, append, best_nodes, budget_top_n, finalize_nodes, propose
 from .planned import code_depth, plan_next_tree, planned_selection
 from .policy import FixedShapePolicy, PolicyState, RoundPlan
 from .shape import LevelProbs, budget_key, choose_alpha, in_prob_space, level_keep, plan_shape
@@ -186,6 +176,7 @@ class SagePolicy(FixedShapePolicy):
         cal = self._calibration
         if cal is not None and cal.device != logprobs.device:  # once per device (a host-to-device copy)
             cal = self._calibration = cal.to(logprobs.device)
+        # a CPU tensor's read (never a device sync): first rounds draft the static tree, operator by operator
         if self.fused and logprobs.device.type == "cpu" and not bool(plan.first_round.any()):
             fused = self._fused_step(plan, pool, frontier, logprobs, level, cal, vocab)
             if fused is not None:
@@ -219,14 +210,10 @@ class SagePolicy(FixedShapePolicy):
     def _fused_step(self, plan, pool, frontier, logprobs, level, cal, vocab) -> Frontier | None:
         """:meth:`step` of a beam pool after the first round (every candidate pooled, the ``W`` best by path value
         grow, the frontier cut by :func:`_in_top`) in one kernel call on CPU (:mod:`.beam_level`); None where the
-        kernel does not take it.  The same pool and frontier as the operator path (host reads here are CPU reads:
-        this path never runs on an accelerator)."""
-        top = top_children(logprobs, self.k, vocab)
-        gain = top.values if cal is None else calibrated_logp(cal, top.values, top.conf[..., None])
-        width = min(top.values.shape[1] * self.k, self.frontier_capacity)  # _in_top's cut of append's frontier
+        kernel does not take it.  The same pool and frontier as the operator path."""
         best_first = self.cfg.budget_order == "best_first"
-        fidx = Frontier(frontier.idx.contiguous())
-        return beam_level(pool, fidx, top, gain, plan.width, level, self.rerank_total(self.cfg), width, best_first)
+        n_best, cap = self.rerank_total(self.cfg), self.frontier_capacity
+        return beam_level(pool, frontier, logprobs, self.k, level, plan.width, n_best, cap, best_first, cal, vocab)
 
     def finalize(self, plan: RoundPlan, pool: DraftPool, round_ms: torch.Tensor | None = None) -> DraftTree:
         """All pool nodes, or the :meth:`rerank_total` best by path value; with ``node_budget="auto"`` and a measured
