@@ -84,30 +84,24 @@ at::Tensor beam_level(at::Tensor tokens, at::Tensor parents, at::Tensor depths, 
   int64_t* res = out.data_ptr<int64_t>();
 
   at::parallel_for(0, B, 4, [&](int64_t b0, int64_t b1) {
-    std::vector<float> value(M), key(M), c_joint(M), c_joint_topk(M);
-    std::vector<int64_t> c_parent(M), c_code(M);
+    std::vector<float> value(M), key(M), c_joint(M);
     std::vector<char> live(M), grows(M);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t row = b * cols, *f_idx = fr + b * F;
       for (int64_t f = 0; f < F; ++f)  // 1. the frontier's own confidence
         if (f_idx[f] >= 0) cf[row + f_idx[f]] = tc[b * F + f];
-      for (int64_t f = 0; f < F; ++f) {  // 2. the candidates
-        const int64_t p = std::max<int64_t>(f_idx[f], 0);
-        for (int64_t r = 0; r < K; ++r) {
-          const int64_t j = f * K + r;
-          const float v = tv[b * M + j];
-          live[j] = f_idx[f] >= 0 && std::isfinite(v);
-          c_parent[j] = f_idx[f] >= 0 ? f_idx[f] : -1;
-          c_joint[j] = jn[row + p] + gn[b * M + j];
-          c_joint_topk[j] = jnt[row + p] + tlt[b * M + j];
-          c_code[j] = cod[row + p] * (K + 1) + r + 1;
-          value[j] = live[j] ? c_joint[j] : NEG_INF;
-          key[j] = live[j] ? (best_first ? c_joint[j] : -static_cast<float>(j)) : NEG_INF;
-        }
+      for (int64_t j = 0; j < M; ++j) {  // 2. the candidates' path values (the rest is written in step 4)
+        const int64_t parent = f_idx[j / K];
+        live[j] = parent >= 0 && std::isfinite(tv[b * M + j]);
+        c_joint[j] = jn[row + std::max<int64_t>(parent, 0)] + gn[b * M + j];
+        value[j] = live[j] ? c_joint[j] : NEG_INF;
+        if (!best_first) key[j] = live[j] ? -static_cast<float>(j) : NEG_INF;
       }
       const auto by_value = order_desc(value);  // 3. the beam: the first width[b] places by path value
       for (int64_t place = 0; place < M; ++place) grows[by_value[place]] = live[by_value[place]] && place < wd[b];
-      const auto by_key = order_desc(key);  // 4. into the pool in insertion order
+      // 4. into the pool in insertion order (by path value: the beam's own order); a live candidate's parent is an
+      // earlier pool node than any slot written here, so reading its columns while writing is safe
+      const auto by_key = best_first ? by_value : order_desc(key);
       const int64_t start = cnt[b];
       int64_t kept = 0;
       std::vector<int64_t> grown;  // slots of the beam's candidates that entered, in insertion order
@@ -116,16 +110,16 @@ at::Tensor beam_level(at::Tensor tokens, at::Tensor parents, at::Tensor depths, 
         if (!live[j]) continue;
         const int64_t slot = start + kept++;
         if (slot >= P) continue;
-        const int64_t at = row + slot, base = b * M + j;
+        const int64_t at = row + slot, base = b * M + j, parent = row + f_idx[j / K], r = j % K;
         tok[at] = tt[base];
-        par[at] = c_parent[j];
+        par[at] = f_idx[j / K];
         dep[at] = level;
         lp[at] = tv[base];
         lpt[at] = tlt[base];
         jn[at] = c_joint[j];
-        jnt[at] = c_joint_topk[j];
-        rnk[at] = j % K;
-        cod[at] = c_code[j];
+        jnt[at] = jnt[parent] + tlt[base];
+        rnk[at] = r;
+        cod[at] = cod[parent] * (K + 1) + r + 1;
         if (grows[j]) grown.push_back(slot);
       }
       const int64_t filled = std::min(start + kept, P);
