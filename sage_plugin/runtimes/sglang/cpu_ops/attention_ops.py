@@ -114,10 +114,16 @@ def _check_heads(op: str, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Ten
 
 def _slot_table(op: str, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, width: int) -> torch.Tensor:
     """``[R, width]`` int64 (contiguous, a new tensor): ``req_to_token[rpi[r], :width]``; entries past a row's
-    sequence may hold stale or garbage slots."""
+    sequence may hold stale or garbage slots.
+
+    The columns are cut before the rows are gathered: ``req_to_token`` is ``[max requests + 1, context length]``
+    (8,192 columns for SmolLM2), so gathering whole rows copied ~30x the slots a forward reads, once per layer, and
+    a copy that large is split over torch's intra-op threads, which on a 2-core machine waits for the other core
+    whenever another process holds it (docs/sglang.md, "Slot tables cut before the gather").
+    """
     if width > req_to_token.shape[1]:
         raise RuntimeError(f"{op}: sequence length {width} exceeds req_to_token's {req_to_token.shape[1]} columns")
-    return req_to_token.index_select(0, _long(req_pool_indices))[:, :width].to(torch.long).contiguous()
+    return req_to_token[:, :width].index_select(0, _long(req_pool_indices)).to(torch.long)
 
 
 def _cache_slots(
