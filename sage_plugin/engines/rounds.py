@@ -88,14 +88,27 @@ class PolicyClock:
 
 class LevelClock:
     """Host time of a drafted level besides its forward (the policy's step and cut, the engine's bookkeeping), for
-    ``price_level_host``: :meth:`ms` is the median of the last ``window`` levels (0 before the first).
+    ``price_level_host``: :meth:`ms` is the median of the last ``window`` levels (0 before the first), :meth:`price`
+    what the next round charges a level.
 
     In the level loop: :meth:`start` at the level's top, :meth:`pause` / :meth:`resume` around its draft forward,
     :meth:`end` after it (a level that stops before its forward is not a sample: it drafts nothing).
+
+    The price is a measurement that can stop the very levels that would refresh it, so :meth:`price` is 0
+    (unpriced: levels cost their forward alone) in two cases.  While fewer than ``min_samples`` levels are timed: a
+    process's first level carries one-off costs (15 ms against about 1 ms after it, `sage bench --quick` on the
+    2-core CPU), and a median of one such sample made every later level look too dear, so a whole run drafted no
+    level past the catch-up (tau 1.74 against 2.2-2.3).  And for one round after ``probe_every`` rounds priced
+    without a new sample, so a price that a slow spell pushed too high is re-measured instead of kept for the rest of
+    the process.  Worked example (``min_samples`` 2, ``probe_every`` 2): samples ``[15]`` -> price 0; ``[15, 1, 1]``
+    -> 1; two rounds without a level -> 1, 1, then 0 for one round, then 1 again.
     """
 
-    def __init__(self, window: int = 64) -> None:
+    def __init__(self, window: int = 64, min_samples: int = 5, probe_every: int = 16) -> None:
         self.samples: deque[float] = deque(maxlen=window)
+        self.min_samples = min_samples
+        self.probe_every = probe_every
+        self._stale = 0  # rounds priced since the last sample
         self._t0 = 0.0
         self._acc = 0.0
 
@@ -111,9 +124,19 @@ class LevelClock:
     def end(self) -> None:
         self.pause()
         self.samples.append(1e3 * self._acc)
+        self._stale = 0
 
     def ms(self) -> float:
         return statistics.median(self.samples) if self.samples else 0.0
+
+    def price(self) -> float:
+        """The host ms to charge each level of the next round (call once a round): :meth:`ms`, or 0 while fewer than
+        ``min_samples`` levels are timed and for one round after ``probe_every`` priced rounds without a sample."""
+        if len(self.samples) < self.min_samples or self._stale >= self.probe_every:
+            self._stale = 0
+            return 0.0
+        self._stale += 1
+        return self.ms()
 
 
 def emit_tokens(outputs: list, ids: list[int], new_tokens: torch.Tensor, counts: torch.Tensor, params) -> list[bool]:

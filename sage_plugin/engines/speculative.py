@@ -244,8 +244,8 @@ class SpecEngine:
         batch = SpecBatch.start(policy, roots, ids, params, self.device, feats)
         while batch.ids:
             cost = self.round_costs[key] if key is not None else None
-            if cost is not None and self._levels.samples:
-                cost = dataclasses.replace(cost, level_ms=self._levels.ms())
+            if cost is not None:
+                cost = dataclasses.replace(cost, level_ms=self._levels.price())
             pad = cost if policy.pad_forwards else None
             root_logprobs, root_slot, root_hidden, vocab = self._catch_up(dstate, batch, pad)
             plan = policy.plan(batch.pstate, root_logprobs)

@@ -264,6 +264,32 @@ def test_level_host_time_is_measured_and_priced_with_each_forward(engine):
     assert forwards["priced"] < forwards["free"], forwards
 
 
+def test_a_level_price_that_stops_every_level_is_re_measured(engine):
+    """``LevelClock.price``: a price too high to draft at (64 levels of 50 ms, a slow spell, under a flat 10 ms
+    verify and a free draft forward) is not kept for good: a probe round every 17 drafts levels again; one slow first
+    sample (a process's one-off costs) prices nothing until five levels are timed, so the run drafts as usual.  Before
+    either, such a clock stopped every level past the catch-up for the rest of the process.  All lossless."""
+    from sage_plugin.core.cost import RoundCost
+    from sage_plugin.engines.rounds import LevelClock
+
+    reqs = _requests(3)
+    sp = SamplingParams(max_new_tokens=30)
+    ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
+    for case, seed in (("stale", [50.0] * 64), ("first", [50.0])):
+        pol = build_policy(SageConfig())
+        fresh = SpecEngine(engine.target, engine.draft)
+        fresh.round_costs[fresh.cost_key(pol, 1)] = RoundCost(torch.full((pol.pool_capacity,), 10.0), 0.0)
+        fresh.level_clocks.setdefault(pol, LevelClock()).samples.extend(seed)
+        got = [out for r in reqs for out in fresh.generate([r], sp, pol)]
+        assert [o.tokens for o in got] == [ref[r.request_id] for r in reqs], case
+        rounds = [r for o in got for r in o.rounds]
+        drafted = sum(r.draft_forwards > 1 for r in rounds)
+        if case == "stale":
+            assert 0 < drafted <= len(rounds) // 17 + 1, (drafted, len(rounds))
+        else:
+            assert drafted > len(rounds) / 2, (drafted, len(rounds))
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_padded_forwards_stay_lossless_and_run_at_the_padded_sizes(engine, batch):
     """A pinned cost where every verify pads to 12 nodes and every draft forward to width 6: outputs equal plain
