@@ -177,7 +177,7 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
     from .data.prompts import load_prompt_file, load_prompts, mixed_text_prompts
     from .engines.vlm import ensure_qwen_vl_smollm2
     from .models import bundled_draft_dir, bundled_eagle3_dir, ensure_smollm2
-    from .runtimes.sglang.cpu_env import cpu_launch_env, unpacked_libcuda
+    from .runtimes.sglang.cpu_env import server_env
 
     eagle3 = Path(args.eagle3_head) if args.eagle3_head else bundled_eagle3_dir()
     urls = parse_urls(args.url)
@@ -198,8 +198,7 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
     if draft is None:
         raise ConfigError("--draft: no bundled draft found; pass a draft model or EAGLE head directory")
     config = args.config or f"engine_configs/sglang/{'qwen2_vl_smollm2' if images else 'smollm2'}_cpu_sage.yaml"
-    lib = unpacked_libcuda(args.libcuda_dir)  # a CPU machine set up by tools/setup_sglang.sh
-    env = cpu_launch_env(environ, lib) if lib is not None else dict(environ)
+    env = server_env(environ, args.libcuda_dir)
     report = run_serving_bench(
         config=Path(config).resolve(), target=target, draft=draft.resolve(), env=env,
         log_dir=Path(args.log_dir), batch_sizes=[int(b) for b in args.batch_sizes.split(",")],

@@ -130,12 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     from sage_plugin.bench.serving import Server, method_args, serving_requests
     from sage_plugin.data.prompts import load_prompt_file
     from sage_plugin.models import bundled_draft_dir, ensure_smollm2
-    from sage_plugin.runtimes.sglang.cpu_env import cpu_launch_env, unpacked_libcuda
+    from sage_plugin.runtimes.sglang.cpu_env import server_env
 
     target = ensure_smollm2()
     requests = serving_requests(load_prompt_file(args.prompts, limit=args.num_prompts), target)
-    lib = unpacked_libcuda(REPO / ".sglang-libcuda")
-    base_env = cpu_launch_env(os.environ, lib) if lib is not None else dict(os.environ)
+    base_env = server_env(os.environ, REPO / ".sglang-libcuda")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for method in args.methods.split(","):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["LIBCUDA_SUBDIR", "cpu_launch_env", "unpacked_libcuda"]
+__all__ = ["LIBCUDA_SUBDIR", "cpu_launch_env", "server_env", "unpacked_libcuda"]
 
 #: Debian's layout inside the libcuda1 package, as unpacked by tools/setup_sglang.sh
 LIBCUDA_SUBDIR = Path("usr/lib/x86_64-linux-gnu/nvidia/current")
@@ -36,3 +36,14 @@ def cpu_launch_env(env: Mapping[str, str], lib: Path) -> dict[str, str]:
         out["LD_LIBRARY_PATH"] = ":".join([str(lib), *paths])
     out.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     return out
+
+
+def server_env(env: Mapping[str, str], root: str | Path) -> dict[str, str]:
+    """The environment to launch an SGLang server with: :func:`cpu_launch_env` where ``root`` holds an unpacked
+    libcuda (a CPU machine set up by ``tools/setup_sglang.sh``), else a copy of ``env`` (a machine with a driver).
+
+    >>> server_env({"A": "1"}, "/nonexistent")
+    {'A': '1'}
+    """
+    lib = unpacked_libcuda(root)
+    return cpu_launch_env(env, lib) if lib is not None else dict(env)
