@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -27,8 +28,14 @@ logp_rows = st.lists(
 ).filter(lambda rows: max(len(r) for r in rows) > 0)
 
 
-def _yield_ref(rows, q):
-    return sum(1.0 + sum(sorted((math.exp(x) for x in r), reverse=True)[:q]) for r in rows)
+def _yields_ref(rows, n):
+    """Expected tokens of a round verifying each row's ``q`` likeliest nodes, for q = 0..n: ``[yield(0), ...]``."""
+    out = [float(len(rows))] * (n + 1)
+    for r in rows:
+        tops = list(itertools.accumulate(sorted((math.exp(x) for x in r), reverse=True)))
+        for q in range(1, n + 1):
+            out[q] += tops[min(q, len(tops)) - 1] if tops else 0.0
+    return out
 
 
 @settings(max_examples=150, deadline=None)
@@ -37,7 +44,7 @@ def test_expected_yield_and_best_count_match_naive(rows, draft_ms, base, slope):
     node_logp = _rows(rows)
     n = node_logp.shape[1]
     got = expected_yield(node_logp)
-    ref = [_yield_ref(rows, q) for q in range(n + 1)]
+    ref = _yields_ref(rows, n)
     assert got.tolist() == pytest.approx(ref, rel=1e-5)
     round_ms = draft_ms + base + slope * torch.arange(n + 1, dtype=torch.float32) ** 1.3
     rates = [ref[q] / float(round_ms[q]) for q in range(n + 1)]
@@ -153,7 +160,7 @@ def test_sage_auto_cut_is_the_naive_best_first_cut_and_a_tree(seed, pool_kind):
     for b in range(bsz):
         cnt = int(pool.count[b])
         rows.append([float(pool.joint[b, i]) for i in range(1, cnt)])
-    rates = [_yield_ref(rows, q) / float(round_ms[q]) for q in range(n_nodes + 1)]
+    rates = [y / float(round_ms[q]) for q, y in enumerate(_yields_ref(rows, n_nodes))]
     q = max(range(n_nodes + 1), key=lambda i: (rates[i], -i))
     assert 0 < q < max(len(r) for r in rows), "a 4 ms/token verify cost must cut these trees"
     for b in range(bsz):
@@ -211,8 +218,8 @@ def test_next_level_bound_matches_a_naive_oracle(seed, bsz, draft_ms, slope):
             cnt = int(pool.count[b])
             rows.append([float(pool.joint[b, i]) for i in range(1, cnt)])
             virt.append(rows[-1] + [float(pool.joint[b, i]) for i in range(1, cnt) if int(pool.depths[b, i]) == level])
-        now = max(_yield_ref(rows, q) / float(now_ms[q]) for q in range(n_nodes + 1))
-        bound = max(_yield_ref(virt, q) / float(next_ms[q]) for q in range(n_nodes + 1))
+        now = max(y / float(now_ms[q]) for q, y in enumerate(_yields_ref(rows, n_nodes)))
+        bound = max(y / float(next_ms[q]) for q, y in enumerate(_yields_ref(virt, n_nodes)))
         if abs(bound - now) > 1e-6 * now:  # float32 ties are the kernel's to break
             assert bool(next_level_can_pay(pool, level, now_ms, next_ms)) == (bound > now), (level, bound, now)
 
@@ -251,7 +258,7 @@ def test_keep_drafting_is_the_naive_cut_and_lookahead_under_the_rerank_cap(seed,
         cnt = int(pool.count[b])
         rows.append([float(pool.joint[b, i]) for i in range(1, cnt)])
         depth_of.append([int(pool.depths[b, i]) for i in range(1, cnt)])
-    rates = [_yield_ref(rows, q) / float(now_ms[q]) for q in range(cap + 1)]
+    rates = [y / float(now_ms[q]) for q, y in enumerate(_yields_ref(rows, cap))]
     q = max(range(cap + 1), key=lambda i: (rates[i], -i))
     if any(abs(r - rates[q]) <= 1e-6 * rates[q] for i, r in enumerate(rates) if i != q):
         return  # a float32 tie between two cut sizes is the kernel's to break
@@ -261,7 +268,7 @@ def test_keep_drafting_is_the_naive_cut_and_lookahead_under_the_rerank_cap(seed,
         cut_depths |= {depth_of[b][i] for i in best}
     for level in range(1, int(pool.depths.max()) + 1):
         virt = [r + [x for x, d in zip(r, ds) if d == level] for r, ds in zip(rows, depth_of)]
-        bound = max(_yield_ref(virt, i) / float(next_ms[i]) for i in range(cap + 1))
+        bound = max(y / float(next_ms[i]) for i, y in enumerate(_yields_ref(virt, cap)))
         if abs(bound - rates[q]) <= 1e-6 * rates[q]:
             continue
         want = level in cut_depths and bound > rates[q]
