@@ -89,7 +89,9 @@ class Server(HttpServer):
     """
 
     def __init__(self, args: list[str], env: dict[str, str], log: Path, cwd: Path | None = None,
-                 timeout: float = SERVER_START_TIMEOUT_S) -> None:  # fmt: skip
+                 timeout: float = SERVER_START_TIMEOUT_S, wait: bool = True) -> None:  # fmt: skip
+        """``wait=False`` returns once the process is started; :meth:`wait_ready` then blocks (several servers
+        launched side by side start in the time of the slowest)."""
         self.port = _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -98,19 +100,25 @@ class Server(HttpServer):
         self._fh = open(log, "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(self.argv, env=env, cwd=cwd, stdout=self._fh, stderr=subprocess.STDOUT,
                                      start_new_session=True)  # fmt: skip
-        deadline = time.monotonic() + timeout
+        self._timeout, self._deadline = timeout, time.monotonic() + timeout
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Block until the server is ready (see the class); on a timeout the server is stopped first."""
+        log = self.log
         while True:
             if self.proc.poll() is not None:
                 self._fh.close()
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log.read_text()[-4000:]}")
             try:
                 if self.health(timeout=5) == 200 and "fired up" in log.read_text():
-                    break
+                    return
             except OSError:
                 pass
-            if time.monotonic() > deadline:
+            if time.monotonic() > self._deadline:
                 self.stop()
-                raise RuntimeError(f"server not ready in {timeout} s:\n{log.read_text()[-4000:]}")
+                raise RuntimeError(f"server not ready in {self._timeout} s:\n{log.read_text()[-4000:]}")
             time.sleep(2)
 
     def stop(self) -> None:

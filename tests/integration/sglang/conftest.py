@@ -87,6 +87,24 @@ def launch_env() -> dict[str, str]:
     return _clean_env()
 
 
+def launch_servers(env: dict[str, str], *launches: tuple[list[str], Path]) -> list:
+    """Start one ``sglang.launch_server`` per ``(args, log)`` side by side and wait for them all (a pair starts in
+    about the time of one; they load on this machine's two cores in turn).  Any start failing stops them all."""
+    from sage_plugin.bench.servers import Server
+
+    servers: list = []
+    try:
+        for args, log in launches:
+            servers.append(Server(args, env, log, wait=False))
+        for server in servers:
+            server.wait_ready()
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
+
+
 @pytest.fixture(scope="module")
 def kv_start(servers):
     """Free KV tokens of the module's SAGE server (its ``servers`` fixture: ``(plain, sage)``) before the load, with

@@ -23,7 +23,7 @@ pytest.importorskip("sglang")
 from sage_plugin.bench.serving import Server, parallel, plain_flags  # noqa: E402
 from sage_plugin.models import bundled_eagle3_dir  # noqa: E402
 
-from .conftest import REPO  # noqa: E402
+from .conftest import REPO, launch_servers  # noqa: E402
 from .heads import make_eagle_head  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -52,14 +52,12 @@ def _prompts(n: int) -> list[str]:
 @pytest.fixture(scope="module")
 def servers(target_dir, launch_env, tmp_path_factory):
     logs = tmp_path_factory.mktemp("sglang_logs")
-    plain = Server(["--model-path", str(target_dir), *PLAIN_FLAGS], launch_env, logs / "plain.log")
-    try:
-        sage = Server(["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
-                       "--speculative-draft-model-path", str(_draft_dir(target_dir)), "--enable-metrics"],
-                      launch_env, logs / "sage.log")  # fmt: skip
-    except BaseException:
-        plain.stop()
-        raise
+    plain, sage = launch_servers(
+        launch_env,
+        (["--model-path", str(target_dir), *PLAIN_FLAGS], logs / "plain.log"),
+        (["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
+          "--speculative-draft-model-path", str(_draft_dir(target_dir)), "--enable-metrics"], logs / "sage.log"),
+    )  # fmt: skip
     yield plain, sage
     sage.stop()
     plain.stop()
@@ -289,15 +287,13 @@ def test_tensor_parallel_tiers_equal_plain(target_dir, launch_env, tmp_path):
         pytest.skip("two tensor-parallel ranks need two cores")
     env = {**launch_env, "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
     tiers = [[0, 1], [1, 2], [3, 5]]
-    plain = Server(["--model-path", str(target_dir), *PLAIN_FLAGS, "--tp-size", "2"], env, tmp_path / "plain_tp2.log")
-    try:
-        sage = Server(["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
-                       "--speculative-draft-model-path", str(_draft_dir(target_dir)), "--tp-size", "2",
-                       "--sage-tiers", str(tiers), "--sage-tier-probe-every", "2"],
-                      env, tmp_path / "sage_tp2.log")  # fmt: skip
-    except BaseException:
-        plain.stop()
-        raise
+    plain, sage = launch_servers(
+        env,
+        (["--model-path", str(target_dir), *PLAIN_FLAGS, "--tp-size", "2"], tmp_path / "plain_tp2.log"),
+        (["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
+          "--speculative-draft-model-path", str(_draft_dir(target_dir)), "--tp-size", "2",
+          "--sage-tiers", str(tiers), "--sage-tier-probe-every", "2"], tmp_path / "sage_tp2.log"),
+    )  # fmt: skip
     try:
         prompts = _prompts(8)
         ref = parallel(lambda p: plain.generate(p, 32), prompts)

@@ -24,7 +24,7 @@ pytest.importorskip("sglang")
 from sage_plugin.bench.serving import Server, parallel, plain_flags  # noqa: E402
 from sage_plugin.data.prompts import load_prompts, mixed_text_prompts, openai_messages  # noqa: E402
 
-from .conftest import REPO  # noqa: E402
+from .conftest import REPO, launch_servers  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -40,13 +40,12 @@ def _start(kind: str, launch_env, logs, *extra: str):
 
     target, draft = ensure_qwen_vl_smollm2(kind)
     config = CONFIGS[kind]
-    plain = Server(["--model-path", str(target), *plain_flags(config)], launch_env, logs / f"{kind}-plain.log")
-    try:
-        sage = Server(["--config", str(config), "--model-path", str(target),
-                       "--speculative-draft-model-path", str(draft), *extra], launch_env, logs / f"{kind}-sage.log")  # fmt: skip
-    except BaseException:
-        plain.stop()
-        raise
+    plain, sage = launch_servers(
+        launch_env,
+        (["--model-path", str(target), *plain_flags(config)], logs / f"{kind}-plain.log"),
+        (["--config", str(config), "--model-path", str(target), "--speculative-draft-model-path", str(draft), *extra],
+         logs / f"{kind}-sage.log"),
+    )  # fmt: skip
     return plain, sage
 
 
