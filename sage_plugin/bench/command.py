@@ -42,7 +42,7 @@ from .tune import tune_static
 __all__ = ["BenchOptions", "BenchSetup", "bench_config", "build_setup", "print_report", "run_bench"]
 
 #: ``sage-calibrated`` fits on this many bundled prompts, :data:`TUNING_TOKENS` new tokens each; ``static-tuned``
-#: times each of its 13 candidates on the first :data:`STATIC_TUNING_PROMPTS` of them.
+#: times each of its 13 candidates on the first :data:`STATIC_TUNING_PROMPTS` of them and its three fastest on all.
 TUNING_PROMPTS, TUNING_TOKENS, STATIC_TUNING_PROMPTS = 8, 32, 4
 
 
@@ -302,11 +302,18 @@ def _tune(methods: list[MethodSpec], setup: BenchSetup, base: SageConfig, params
     for m in methods:
         t0 = time.perf_counter()
         if m.tuned and m.config.policy == "static":
-            reqs = setup.tuning_requests[:STATIC_TUNING_PROMPTS]
-            label, cfg, tok_s = tune_static(setup.engine, base, reqs, tune_params)
-            fitted[m.name] = {"chosen": label, "tok_s": {k: round(v, 2) for k, v in tok_s.items()}}
-            print(f"{m.name}: {label} (decode tok/s on {len(reqs)} bundled prompts: "
-                  + ", ".join(f"{k} {v:.1f}" for k, v in tok_s.items()) + ")", flush=True)  # fmt: skip
+            reqs = setup.tuning_requests
+            fit = tune_static(setup.engine, base, reqs, tune_params, screen=STATIC_TUNING_PROMPTS)
+            cfg = fit.config
+            fitted[m.name] = {
+                "chosen": fit.label,
+                "tok_s": {k: round(v, 2) for k, v in fit.tok_s.items()},
+                "finalists": list(fit.finalists),
+            }
+            print(f"{m.name}: {fit.label} (decode tok/s on {STATIC_TUNING_PROMPTS} bundled prompts: "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in fit.tok_s.items() if k not in fit.finalists)
+                  + f"; finalists on {len(reqs)}: "
+                  + ", ".join(f"{k} {fit.tok_s[k]:.1f}" for k in fit.finalists) + ")", flush=True)  # fmt: skip
         elif m.tuned:
             if table is None:
                 table, n = calibrate(setup.engine, setup.tuning_requests, tune_params, base.k)

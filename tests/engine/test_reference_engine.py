@@ -333,7 +333,8 @@ def test_static_tuned_picks_the_fastest_fixed_tree_it_timed(engine):
 
     base = SageConfig()
     sp = SamplingParams(max_new_tokens=6)
-    label, cfg, tok_s = tune_static(engine, base, _requests(2), sp)
+    fit = tune_static(engine, base, _requests(2), sp)
+    label, cfg, tok_s = fit.label, fit.config, fit.tok_s
     cands = tuning_candidates(base)
     assert set(tok_s) == set(cands) == {f"static@{n}" for n in STATIC_SIZES} | {f"chain@{d}" for d in CHAIN_DEPTHS}
     assert all(v > 0 for v in tok_s.values())
@@ -367,7 +368,8 @@ def test_static_tuning_takes_turns_request_by_request():
             return [SimpleNamespace(tokens=[0] * 11)]
 
     reqs = ["r0", "r1", "r2", "r3"]
-    best, _, tok_s = tune_static(Recording(), base, reqs, SamplingParams(max_new_tokens=10))
+    fit = tune_static(Recording(), base, reqs, SamplingParams(max_new_tokens=10))
+    best, tok_s = fit.label, fit.tok_s
     n = len(labels)
     order = list(labels.values())
     assert calls[:n] == [(label, "r0") for label in order]  # warm-ups
@@ -377,6 +379,42 @@ def test_static_tuning_takes_turns_request_by_request():
         assert [c[1] for c in turn] == [req] * n
         assert [c[0] for c in turn] == (order if i % 2 == 0 else order[::-1])
     assert best == "chain@2" and len(tok_s) == n
+
+
+def test_static_tuning_screens_then_times_its_finalists_on_every_prompt():
+    """Every candidate is timed on the screening prompts, the three fastest of them on the rest as well (in turns),
+    and the pick is the finalist fastest over all the prompts: a candidate that was lucky on the screening prompts
+    alone does not win."""
+    from types import SimpleNamespace
+
+    from sage_plugin.bench.tune import tune_static, tuning_candidates
+
+    base = SageConfig()
+    labels = {repr(cfg): label for label, cfg in tuning_candidates(base).items()}
+    # seconds per request: chain@2 leads the screen (r0, r1) but is slow later; static@6 is second and steady
+    lucky = {"r0": 0.80, "r1": 0.80, "r2": 1.50, "r3": 1.50}
+    steady, third = 0.90, 0.95
+    calls = []
+
+    class Recording:
+        last_decode_s = 0.0
+
+        def generate(self, requests, params, policy):
+            label = labels[repr(policy.cfg)]
+            calls.append((label, requests[0]))
+            self.last_decode_s = {"chain@2": lucky[requests[0]], "static@6": steady, "chain@3": third}.get(label, 1.0)
+            return [SimpleNamespace(tokens=[0] * 11)]
+
+    reqs = ["r0", "r1", "r2", "r3"]
+    fit = tune_static(Recording(), base, reqs, SamplingParams(max_new_tokens=10), screen=2, finalists=3)
+    n = len(labels)
+    assert fit.finalists == ("chain@2", "static@6", "chain@3")
+    stage2 = calls[n + 2 * n :]
+    assert [c[1] for c in stage2] == ["r2"] * 3 + ["r3"] * 3
+    assert [c[0] for c in stage2] == ["chain@2", "static@6", "chain@3", "chain@3", "static@6", "chain@2"]
+    assert fit.label == "static@6" and fit.config == tuning_candidates(base)["static@6"]
+    assert fit.tok_s["static@6"] == pytest.approx(40 / (4 * steady))
+    assert fit.tok_s["chain@2"] == pytest.approx(40 / 4.6) and fit.tok_s["chain@4"] == pytest.approx(20 / 2.0)
 
 
 def test_calibration_is_fitted_on_teacher_forced_candidates_and_stays_lossless(engine):
