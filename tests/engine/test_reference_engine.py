@@ -346,29 +346,36 @@ def test_static_tuned_picks_the_fastest_fixed_tree_it_timed(engine):
     assert got == ref
 
 
+class _TuningRecorder:
+    """A stand-in engine for ``tune_static``: records ``(candidate label, request)`` per call and reports
+    ``seconds(label, request, call number)`` as the call's decode time (10 decode tokens a call)."""
+
+    def __init__(self, base: SageConfig, seconds) -> None:
+        from sage_plugin.bench.tune import tuning_candidates
+
+        self.labels = {repr(cfg): label for label, cfg in tuning_candidates(base).items()}
+        self.seconds, self.calls, self.last_decode_s = seconds, [], 0.0
+
+    def generate(self, requests, params, policy):
+        from types import SimpleNamespace
+
+        label = self.labels[repr(policy.cfg)]
+        self.calls.append((label, requests[0]))
+        self.last_decode_s = self.seconds(label, requests[0], len(self.calls))
+        return [SimpleNamespace(tokens=[0] * 11)]
+
+
 def test_static_tuning_takes_turns_request_by_request():
     """The candidates are timed in turns per request, the order reversed at every request, after one warm-up each:
     a machine slowing down during the tuning charges every candidate alike (here each call is slower than the one
     before, and a fixed tree that is faster by 1% still wins)."""
-    from types import SimpleNamespace
-
-    from sage_plugin.bench.tune import tune_static, tuning_candidates
+    from sage_plugin.bench.tune import tune_static
 
     base = SageConfig()
-    labels = {repr(cfg): label for label, cfg in tuning_candidates(base).items()}
-    calls = []
-
-    class Recording:
-        last_decode_s = 0.0
-
-        def generate(self, requests, params, policy):
-            label = labels[repr(policy.cfg)]
-            calls.append((label, requests[0]))
-            self.last_decode_s = (1.0 + 0.01 * len(calls)) * (0.99 if label == "chain@2" else 1.0)
-            return [SimpleNamespace(tokens=[0] * 11)]
-
+    rec = _TuningRecorder(base, lambda label, req, n: (1.0 + 0.01 * n) * (0.99 if label == "chain@2" else 1.0))
+    labels, calls = rec.labels, rec.calls
     reqs = ["r0", "r1", "r2", "r3"]
-    fit = tune_static(Recording(), base, reqs, SamplingParams(max_new_tokens=10))
+    fit = tune_static(rec, base, reqs, SamplingParams(max_new_tokens=10))
     best, tok_s = fit.label, fit.tok_s
     n = len(labels)
     order = list(labels.values())
@@ -385,28 +392,18 @@ def test_static_tuning_screens_then_times_its_finalists_on_every_prompt():
     """Every candidate is timed on the screening prompts, the three fastest of them on the rest as well (in turns),
     and the pick is the finalist fastest over all the prompts: a candidate that was lucky on the screening prompts
     alone does not win."""
-    from types import SimpleNamespace
-
     from sage_plugin.bench.tune import tune_static, tuning_candidates
 
     base = SageConfig()
-    labels = {repr(cfg): label for label, cfg in tuning_candidates(base).items()}
     # seconds per request: chain@2 leads the screen (r0, r1) but is slow later; static@6 is second and steady
     lucky = {"r0": 0.80, "r1": 0.80, "r2": 1.50, "r3": 1.50}
     steady, third = 0.90, 0.95
-    calls = []
-
-    class Recording:
-        last_decode_s = 0.0
-
-        def generate(self, requests, params, policy):
-            label = labels[repr(policy.cfg)]
-            calls.append((label, requests[0]))
-            self.last_decode_s = {"chain@2": lucky[requests[0]], "static@6": steady, "chain@3": third}.get(label, 1.0)
-            return [SimpleNamespace(tokens=[0] * 11)]
-
+    rec = _TuningRecorder(
+        base, lambda label, req, n: {"chain@2": lucky[req], "static@6": steady, "chain@3": third}.get(label, 1.0)
+    )
+    labels, calls = rec.labels, rec.calls
     reqs = ["r0", "r1", "r2", "r3"]
-    fit = tune_static(Recording(), base, reqs, SamplingParams(max_new_tokens=10), screen=2, finalists=3)
+    fit = tune_static(rec, base, reqs, SamplingParams(max_new_tokens=10), screen=2, finalists=3)
     n = len(labels)
     assert fit.finalists == ("chain@2", "static@6", "chain@3")
     stage2 = calls[n + 2 * n :]
