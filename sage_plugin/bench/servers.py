@@ -84,14 +84,14 @@ class RemoteServer(HttpServer):
 class Server(HttpServer):
     """A ``sglang.launch_server`` child in its own process group on 127.0.0.1.
 
-    Blocks until ``/health`` answers and the log says the server is ready; raises ``RuntimeError`` with the log's
-    tail if the process exits or ``timeout`` seconds pass.  :meth:`stop` tears the whole group down.
+    The constructor blocks (``wait=False``: :meth:`wait_ready` does) until ``/health`` answers and the log says the
+    server is ready; it raises ``RuntimeError`` with the log's tail if the process exits or ``timeout`` seconds pass
+    from the launch.  :meth:`stop` tears the whole group down.
     """
 
     def __init__(self, args: list[str], env: dict[str, str], log: Path, cwd: Path | None = None,
                  timeout: float = SERVER_START_TIMEOUT_S, wait: bool = True) -> None:  # fmt: skip
-        """``wait=False`` returns once the process is started; :meth:`wait_ready` then blocks (several servers
-        launched side by side start in the time of the slowest)."""
+        """``wait=False`` returns once the process is started, so that several servers can load side by side."""
         self.port = _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log = log
