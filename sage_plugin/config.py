@@ -1,7 +1,7 @@
 """`SageConfig`: the one frozen, validated configuration object of the project.
 
 Every SAGE knob (paper defaults, arXiv 2602.00523) and every point the paper leaves open
-(``docs/algorithm.md``, numbered 1..11 below) is a field here with its recommended default.  Runtimes
+(``docs/design/algorithm.md``, numbered 1..11 below) is a field here with its recommended default.  Runtimes
 (the reference engine, the SGLang adapter) and the bench read this object; nothing else reads
 knobs, and no function reads environment variables.
 
@@ -12,7 +12,7 @@ A bad value raises :class:`ConfigError` naming the field and its allowed range::
     ...
     sage_plugin.config.ConfigError: d_min must be an integer in [1, 64], got 0
 
-Open points (``docs/algorithm.md``) and their switches:
+Open points (``docs/design/algorithm.md``) and their switches:
 
 ==  ===========================================  =====================  ==========================
 #   open point                                   field                  values (default first)
@@ -37,7 +37,7 @@ Open points (``docs/algorithm.md``) and their switches:
 
 Point 4's default departs from the recommended reading (``joint``, the paper's formal inclusion rule): under
 greedy verification the joint reading keeps confident paths shorter than ``D`` even with a perfect draft (the
-measurement is in ``docs/algorithm.md``, "Open points").  ``joint`` stays a switch (bench ablation
+measurement is in ``docs/design/algorithm.md``, "Open points").  ``joint`` stays a switch (bench ablation
 ``sage-theta-joint``).
 
 Beyond the paper: ``node_budget`` (``auto``, ``fixed``).  ``fixed`` verifies every node SAGE builds (at most
@@ -47,7 +47,7 @@ maximises expected tokens per second under the target's verify cost measured on 
 same for 1 or 64 tokens (a GPU at small batch) the two agree.  Only SAGE uses it: the baselines keep their
 published shapes.  With ``auto``, ``pad_forwards`` (default on) runs each verify and draft level at the cheapest
 measured size at or above its own (masked padding rows), and prices each size by that: on a CPU whose BLAS is slow at
-2-3 rows a 3-token verify costs more than an 8-token one (``docs/algorithm.md``, "sizing trees to the device").
+2-3 rows a 3-token verify costs more than an 8-token one (``docs/design/algorithm.md``, "sizing trees to the device").
 ``cost_refresh`` R re-prices the measured curve every R rounds from the medians of the run's own forward timings
 (:mod:`sage_plugin.engines.cost_samples`); 0 (default) keeps the start-up sample, so that within one engine a
 seeded sampling run repeats exactly (the tree shapes, and with them the random draws, follow the prices).
@@ -57,7 +57,7 @@ start-up, ``[0, 1]`` meaning speculation off; each step runs the one with the mo
 the step costs measured on the device (:mod:`sage_plugin.core.tiers`), and SAGE shapes each request's tree inside it.
 
 Not every runtime honours every field: :mod:`sage_plugin.support` holds each runtime's declared table, and a
-runtime refuses a value it does not honour at launch (``docs/runtime-support.md``).
+runtime refuses a value it does not honour at launch (``docs/reference/runtime-support.md``).
 """
 
 from __future__ import annotations
@@ -108,34 +108,38 @@ def _bool(name: str, value: Any) -> None:
 class SageConfig:
     """All knobs of SAGE and its baselines.  Paper defaults [S], reconstructions [R]."""
 
-    # -- which tree policy builds the draft tree ------------------------------------------
+    # -- tree policy --------------------------------------------------------------------------
+    # which tree policy builds the draft tree: sage, or a baseline the reference engine compares it with (chain,
+    # static, eagle2, topn; core/policies.py)
     policy: str = "sage"
-    # -- SAGE Eq. 7-12 [S] --------------------------------------------------------------------
+    # -- the SAGE shape (Eq. 7-12) [S] ------------------------------------------------------------
     k: int = 10  # top-k for the entropy (Eq. 7) and the candidate children per node
-    d_min: int = 3
-    d_max: int = 8
-    w_min: int = 2
-    w_max: int = 10
+    d_min: int = 3  # depth at alpha = 0 (Eq. 10: D = D_min + alpha (D_max - D_min))
+    d_max: int = 8  # depth at alpha = 1; the history controller moves it between d_min and d_cap
+    w_min: int = 2  # width at alpha = 1 (Eq. 11: W = W_min + (1 - alpha)(W_max - W_min))
+    w_max: int = 10  # width at alpha = 0
     n_max: int = 64  # node cap (draft nodes, root excluded)
     rerank_nodes: int = 0  # 0: the tree the levels keep (the paper's); N: its N best nodes by path value
     # rerank_pool: which nodes the final rerank (to rerank_nodes N, or n_max when 0) chooses from.  beam (default):
     # the W(alpha) best candidates of each level by path value are expanded, down to beam_depth; children: every child
     # of a node Eq. 10-12 expand is a candidate (EAGLE-2's pool); both expand only nodes still in the pool's N best.
     # kept: the nodes SAGE's levels keep (the paper's tree; rerank only with rerank_nodes N).  Not read with topology
-    # planned (its replay keeps the planned tree).  docs/algorithm.md, "What the rerank chooses from"
+    # planned (its replay keeps the planned tree).  docs/design/algorithm.md, "What the rerank chooses from"
     rerank_pool: str = "beam"
     # rerank_pool beam: the deepest level the beam grows (the rerank keeps a deep node only where its path value beats
     # a shallow one's; node_budget auto stops where the next level cannot pay).  Its own knob, not d_cap: d_cap bounds
     # the history controller's D_max and SGLang's derived draft steps.  Runtimes with a fixed draft beam (SGLang,
-    # TensorRT-LLM) draft their own --speculative-num-steps / max_draft_len instead.  docs/algorithm.md, "What the
-    # rerank chooses from"
+    # TensorRT-LLM) draft their own --speculative-num-steps / max_draft_len instead.  docs/design/algorithm.md, "What
+    # the rerank chooses from"
     beam_depth: int = 16
+    # -- trees sized to the device (reference engine) --------------------------------------------
     node_budget: str = "auto"  # auto: also the cost-optimal cut under the measured verify cost; fixed: n_max only
     pad_forwards: bool = True  # auto budget: run forwards at the cheapest measured size >= theirs, priced so
     cost_refresh: int = 0  # auto budget: re-price every R rounds from in-loop timing medians; 0: start-up only
     # calibrated path values (core/calibration.py): rows = parent-alpha bins, columns = draft-probability bins,
     # acceptance rates in (0, 1] (`sage calibrate` fits one); empty: the draft's own probabilities
     calibration: tuple[tuple[float, ...], ...] = ()
+    # -- serving tiers (SGLang) ----------------------------------------------------------------------
     # serving tiers (core/tiers.py): [steps, draft_tokens] shapes captured at start-up, one chosen per step by
     # measured tokens per second; [0, 1] is speculation off.  Empty: one shape (the largest SAGE can plan)
     tiers: tuple[tuple[int, ...], ...] = ()
@@ -157,25 +161,30 @@ class SageConfig:
     # tier's own moving averages); core/tiers.py
     tier_acceptance: str = "width"
     # steps the off tier may leave a standalone draft behind on CPU instead of running its draft extend; the draft
-    # catches up in one forward before the next drafted step (0: every off step runs the extend; docs/sglang.md,
-    # "Speculation off without the draft extend", measures both: no net gain on the 2-core CPU yet)
+    # catches up in one forward before the next drafted step (0: every off step runs the extend; a catch-up costs
+    # more than the extends it replaces once the off step runs as a DECODE forward; docs/design/sglang-internals.md,
+    # "The speculation-off tier")
     tier_off_lag: int = 0
     # the off tier's target forward runs as SGLang's DECODE forward instead of a one-node TARGET_VERIFY (CPU; same
-    # tokens, slots and logits; docs/sglang.md, "The speculation-off tier as a DECODE forward")
+    # tokens, slots and logits; docs/design/sglang-internals.md, "The speculation-off tier")
     tier_off_decode: bool = True
     # a drafted tier's verify computes only the nodes whose draft path probability reaches the tier chooser's
     # break-even (TierChooser.row_threshold, from the measured step costs at the batch size); greedy batches on CPU
-    # (docs/sglang.md, "A ragged verify")
+    # (docs/design/sglang-internals.md, "Ragged verify")
     ragged_verify: bool = False
-    # keep SGLang's overlap scheduler on a CPU server (it is on by default on GPUs); off by default on CPU, where it
-    # served 3-7% slower than without (docs/sglang.md, "Overlap scheduling"); on, the CPU runs the GPU's code path
+    # -- CPU serving and tensor parallelism ------------------------------------------------------
+    # keep SGLang's overlap scheduler on a CPU server (it is on by default on GPUs); off by default on CPU, where the
+    # step's host work has no device time to hide behind; on, the CPU runs the GPU's code path
+    # (docs/design/sglang-internals.md, "Overlap scheduling")
     cpu_overlap: bool = False
+    # -- trees sized to the device (reference engine) --------------------------------------------
     # node_budget auto: stop drafting when even the best the next level could add (one child per node of the last
     # level with its parent's probability) cannot pay for that level's forward (core/cost.next_level_can_pay)
     lookahead: bool = True
     # node_budget auto: price each drafted level's host time besides its forward (the policy's step and cut, the
     # engine's bookkeeping; the median of the run's last levels) with the forward, in the cut and the look-ahead
     price_level_host: bool = True
+    # -- CPU serving and tensor parallelism ------------------------------------------------------
     # the draft's linear weights on CPU: bfloat16 = stored in bfloat16 and widened to float32 by the rows kernel as
     # they stream (half the bytes of a memory-bound draft forward; float32 products), float32 = as loaded.  Lossless
     # either way (the target verifies); the draft's distribution moves by bfloat16 rounding.  GPUs: the server dtype
@@ -187,34 +196,36 @@ class SageConfig:
     cpu_lean_draft: bool = True
     # tensor parallelism: broadcast each step's verified tree (and the tier chooser's alpha) from rank 0, so ranks
     # whose draft scores differ still verify the same tokens: auto = where SGLang itself broadcasts the verify result
-    # (ROCm, a batch with sampling requests), tree = every step, off = never (docs/sglang.md, "Tensor parallelism")
+    # (ROCm, a batch with sampling requests), tree = every step, off = never (docs/design/sglang-internals.md,
+    # "Tensor parallelism")
     tp_sync: str = "auto"
+    # -- level thresholds and the first round [S] ------------------------------------------------------
     theta0: float = 0.1  # theta_l = theta0 * l / D
-    alpha_init: float = 0.5
+    alpha_init: float = 0.5  # alpha before a request has a draft distribution (and always, with use_entropy false)
     first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)
     # -- history controller [S] + [R] ---------------------------------------------------------
-    use_history: bool = True
-    history_window: int = 10
-    history_lo: float = 2.0
-    history_hi: float = 3.0
-    history_step: int = 1  # open point 9
-    d_cap: int = 10  # open point 9
+    use_history: bool = True  # False: D_max stays at d_max (ablation "entropy only")
+    history_window: int = 10  # rounds of accepted drafts averaged before D_max moves
+    history_lo: float = 2.0  # D_max down by history_step when the window's mean accepted drafts is below this
+    history_hi: float = 3.0  # D_max up by history_step when the window's mean is above this
+    history_step: int = 1  # open point 9: how far D_max moves at a time
+    d_cap: int = 10  # open point 9: the highest D_max the history controller reaches
     history_cooldown: str = "full_window"  # open point 9: full_window | none
     history_tau: str = "drafts"  # open point 10: drafts | drafts_plus_bonus
     history_mode: str = "absolute"  # absolute: history_lo/hi (the paper's); relative: ratios to the running mean
     history_lo_ratio: float = 0.8  # relative mode: D_max down when the window mean < ratio x the running mean
     history_hi_ratio: float = 1.25  # relative mode: D_max up when the window mean > ratio x the running mean
-    # -- open points (see module docstring) ----------------------------------------------------
+    # -- the paper's open points ----------------------------------------------------------------
     use_entropy: bool = True  # False: alpha stays at alpha_init (ablation "history only")
-    alpha_source: str = "lag1"
-    rounding: str = "half_up"
-    clamp_level_width: bool = True
-    parent_prob: str = "conditional"
-    threshold_on: str = "conditional"  # open point 4: the spec recommends joint; see the module docstring
-    prob_space: str = "full"
-    budget_order: str = "best_first"
-    keep_top1: bool = True
-    topology: str = "online"
+    alpha_source: str = "lag1"  # open point 1: lag1 (the previous round's root), fresh (this round's), path_mean
+    rounding: str = "half_up"  # open point 2: how D, W and W_l are rounded (half_up, ceil, floor)
+    clamp_level_width: bool = True  # open point 2: W_l >= 1 (False: a level's width may round to 0)
+    parent_prob: str = "conditional"  # open point 3: P_parent in Eq. 12, the parent's own or its path probability
+    threshold_on: str = "conditional"  # open point 4: the node's own probability, or its path's (joint); see above
+    prob_space: str = "full"  # open point 5: W_l and theta_l read the full softmax (full) or the top-k renormalised
+    budget_order: str = "best_first"  # open point 6: order under n_max, by path probability or parent order
+    keep_top1: bool = True  # open point 7: always keep the root's rank-0 child (no empty tree)
+    topology: str = "online"  # open point 8: online (level by level from live probabilities) or planned (Alg. 1)
     # -- baselines -----------------------------------------------------------------------------
     eagle_depth: int = 7  # EAGLE-2 expansion levels (the baseline: depth 7, top-k 10, 60 nodes)
     eagle_total_tokens: int = 60  # EAGLE-2 final rerank budget (draft nodes)
@@ -222,10 +233,11 @@ class SageConfig:
     topn_nodes: int = 60  # top-N tree (OPT-Tree style): nodes kept per level and verified
     topn_threshold: float = 0.5  # ... grows a level while the expected gain of the previous one exceeds this
     topn_max_depth: int = 10  # ... and at most this deep
+    # the static tree (SD-Tree baseline, SAGE's first round): rank paths from the root, SpecVLM's 25-node mc_sim_7b_63
     static_tree: tuple[tuple[int, ...], ...] = field(default=MC_SIM_7B_63)
     # -- VLM draft-side visual-token pruning (SpecVLM) ------------------------------------------
-    prune_ratio_image: float = 0.8
-    prune_ratio_video: float = 0.9
+    prune_ratio_image: float = 0.8  # share of a VLM draft's image tokens pruned from its prompt
+    prune_ratio_video: float = 0.9  # share of a VLM draft's video tokens pruned from its prompt
 
     def __post_init__(self) -> None:
         _choice("policy", self.policy, tuple(POLICIES))
