@@ -11,7 +11,7 @@ With SGLang installed (``tools/setup.sh --sglang``) on a machine without an NVID
 test imports SGLang: it loads that library into this process (the loader then resolves ``sgl_kernel``'s
 dependency to it), puts its directory on ``LD_LIBRARY_PATH`` for the servers the tests launch, and selects
 SGLang's CPU engine.  So README's single test command also runs the SGLang tier.  ``HF_HUB_OFFLINE`` is set for the
-whole session (below).
+whole test run (below).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ ABLATIONS: dict[str, str] = {
     "sage-unpadded": "sage:pad_forwards=false",  # forwards at their own size, priced by the running maximum
     "sage-dcap8": "sage:d_cap=8",
     "sage-dcap12": "sage:d_cap=12",
-    "sage-beam10": "sage:beam_depth=10",  # the beam to level 10 (its depth before stop 48: d_cap's)
+    "sage-beam10": "sage:beam_depth=10",  # the beam to level 10 (d_cap's default: beam_depth against d_cap)
     "sage-nmax32": "sage:n_max=32",
     "sage-nmax96": "sage:n_max=96",
     # SAGE verifying at most as many nodes as the static tree (mc_sim_7b_63: 25): tau at an equal node budget
