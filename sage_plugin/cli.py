@@ -34,7 +34,7 @@ def _bench_parser(sub) -> None:
         "--methods",
         default=None,
         help="comma list of ar, chain, static, eagle2, topn, sage, sage-paper, static-tuned (the fastest fixed tree "
-        "on this device, timed before the run), named ablations (README) and variants "
+        "on this device, timed before the run), named ablations (docs/user-guide/bench.md) and variants "
         "NAME=POLICY:k=v,k=v (default: ar,chain,static,eagle2,sage,sage-paper)",
     )
     p.add_argument(
@@ -266,7 +266,7 @@ def calibrate_main(args: argparse.Namespace) -> int:
     table, n = calibrate(setup.engine, setup.requests, params, base.k, args.alpha_bins, args.prob_bins)
     header = (f"SAGE calibration (sage calibrate): draft {setup.draft_desc}\ntarget {setup.target_desc}\n"
               f"{n} top-{base.k} candidates from {len(setup.requests)} prompts x {opts.new_tokens} tokens; rows: "
-              f"alpha bins, columns: draft-probability bins (docs/algorithm.md)")  # fmt: skip
+              f"alpha bins, columns: draft-probability bins (docs/design/algorithm.md)")  # fmt: skip
     write_calibration(args.out, table, header)
     print("\n".join(" ".join(f"{v:.3f}" for v in row) for row in table))
     print(f"wrote {args.out} ({n} candidates)")
@@ -275,7 +275,9 @@ def calibrate_main(args: argparse.Namespace) -> int:
 
 def _trtllm_serve_parser(sub) -> None:
     p = sub.add_parser("trtllm-serve", help="TensorRT-LLM's OpenAI server with SAGE (needs tensorrt_llm and a GPU)")
-    p.add_argument("--config", required=True, help="SAGE launch YAML (engine_configs/trtllm/, docs/trtllm.md)")
+    p.add_argument(
+        "--config", required=True, help="SAGE launch YAML (engine_configs/trtllm/, docs/user-guide/trtllm.md)"
+    )
     p.add_argument("--model", default=None, help="target model (overrides the file's model)")
     p.add_argument("--host", default=None, help="overrides serve.host")
     p.add_argument("--port", type=int, default=None, help="overrides serve.port")

@@ -52,10 +52,6 @@ measured size at or above its own (masked padding rows), and prices each size by
 (:mod:`sage_plugin.engines.cost_samples`); 0 (default) keeps the start-up sample, so that within one engine a
 seeded sampling run repeats exactly (the tree shapes, and with them the random draws, follow the prices).
 
-Serving tiers: ``tiers`` lists the ``[steps, draft_tokens]`` shapes a graph-capturing runtime (SGLang) prepares at
-start-up, ``[0, 1]`` meaning speculation off; each step runs the one with the most expected tokens per second under
-the step costs measured on the device (:mod:`sage_plugin.core.tiers`), and SAGE shapes each request's tree inside it.
-
 Not every runtime honours every field: :mod:`sage_plugin.support` holds each runtime's declared table, and a
 runtime refuses a value it does not honour at launch (``docs/reference/runtime-support.md``).
 """
@@ -109,9 +105,7 @@ class SageConfig:
     """All knobs of SAGE and its baselines.  Paper defaults [S], reconstructions [R]."""
 
     # -- tree policy --------------------------------------------------------------------------
-    # which tree policy builds the draft tree: sage, or a baseline the reference engine compares it with (chain,
-    # static, eagle2, topn; core/policies.py)
-    policy: str = "sage"
+    policy: str = "sage"  # the tree policy: sage, or a baseline the reference engine compares (core/policies.py)
     # -- the SAGE shape (Eq. 7-12) [S] ------------------------------------------------------------
     k: int = 10  # top-k for the entropy (Eq. 7) and the candidate children per node
     d_min: int = 3  # depth at alpha = 0 (Eq. 10: D = D_min + alpha (D_max - D_min))

@@ -31,7 +31,7 @@ __all__ = ["MethodSpec", "parse_method", "parse_methods", "DEFAULT_METHODS", "AB
 #: ``rerank_pool="kept"``), the setting the baselines use.
 DEFAULT_METHODS = ("ar", "chain", "static", "eagle2", "sage", "sage-paper")
 
-#: Named ablations (docs/algorithm.md: the components and the open points), usable as ``--methods`` entries.
+#: Named ablations (docs/design/algorithm.md: the components and the open points), usable as ``--methods`` entries.
 ABLATIONS: dict[str, str] = {
     "sage-paper": "sage:node_budget=fixed,rerank_pool=kept",
     "sage-kept": "sage:rerank_pool=kept",  # the tree SAGE's levels keep, cut to the device (no beam pool)

@@ -1,7 +1,7 @@
 """The only place SAGE patches SGLang: twelve ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
 CPU linear layers, CPU tensor parallelism, CPU overlap scheduling, the CPU ragged verify's lengths).
 
-SGLang 0.5.23 has no API for plugin-owned command-line flags (``docs/sglang.md``, "Flags"),
+SGLang 0.5.23 has no API for plugin-owned command-line flags (``docs/design/sglang-internals.md``, "Flags"),
 so the plugin wraps the two functions of its parse path.  Each hook has an entry in ``patches/INDEX.md``;
 ``tests/integration/sglang/test_hook_targets.py`` checks that the targets still exist.
 

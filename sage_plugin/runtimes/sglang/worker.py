@@ -162,7 +162,7 @@ class SageDraftMixin(EagleDraftWorkerBase):
         SGLang fills a prompt's image positions with hash values (its radix-cache keys for the image) and clamps them
         to the vocabulary only inside the target's multimodal embedding; a standalone text draft would index its
         embedding with the hashes.  Every id past the draft's vocabulary becomes its last id, as the target's clamp
-        does, so the draft reads one placeholder token per image position (``docs/sglang.md``, "VLMs").
+        does, so the draft reads one placeholder token per image position (``docs/design/sglang-internals.md``, "VLMs").
         """
         mm = getattr(batch, "multimodal_inputs", None)
         if mm and any(x is not None for x in mm) and batch.input_ids is not None:

@@ -8,7 +8,7 @@
   (:func:`sage_plugin.core.budgeted.select_shaped`, :mod:`.dynamic_tree`).
 
 ``sage trtllm-serve`` checks the config against its tier's table before anything starts
-(:func:`.config.check_sage_config`); ``docs/runtime-support.md`` shows both.
+(:func:`.config.check_sage_config`); ``docs/reference/runtime-support.md`` shows both.
 """
 
 from __future__ import annotations
