@@ -13,8 +13,8 @@ sync).  The step timings are each process's own, so tensor-parallel ranks agree 
 * the batch size;
 * each tier's measured step cost at that batch size (seconds; the low median of the runtime's last ``cost_window``
   step timings, :meth:`TierChooser.record_cost`: robust to a slow step now and then; the first ``unpriced_first``
-  steps a tier ever runs are its warm-up, not priced: SGLang's first ``[6, 11]`` step on the 2-core CPU cost 3.4 s
-  against 139 ms warm), plus the runtime's per-step overhead outside the forward passes (scheduling, result
+  steps a tier ever runs are its warm-up, not priced: a first step carries allocations and first-shape kernels,
+  often many times a warm step), plus the runtime's per-step overhead outside the forward passes (scheduling, result
   processing: :meth:`TierChooser.record_overhead`), which every tier pays once per step;
 * each tier's expected tokens per request per step (1 + the mean accepted drafts, an exponential moving average
   fed from the accept counts the runtime already copies to the host, :meth:`TierChooser.observe`; exactly 1 for
@@ -35,11 +35,10 @@ How the expected tokens are estimated (``acceptance``):
   ``1 .. min(a + 1, s)`` and passed levels ``1 .. a``), counts decaying by ``1 - 1 / memory`` per step so they
   follow the traffic, with a prior of half a pass in one reach.  A tier of ``s`` steps expects
   ``1 + sum_{j <= s} prod_{i <= j} h_i`` tokens.  A step at a shallow tier then informs the deep ones (the ``[1, 2]``
-  tier's steps tell how often level 1 is accepted; replayed SGLang steps at batch 1: within 2% of a chooser that
-  knew the acceptance table, per-tier averages within 7%, ``docs/sglang.md`` "The shipped tiers").  It assumes a
-  level is as likely accepted whatever tier drafted it, which fails once the beam's most probable paths are
-  verified (``rerank_pool: beam``: a ``[1, 2]`` tier verifies one node, ``[4, 8]`` seven; priced 2.01 tokens where
-  it served 2.68);
+  tier's steps tell how often level 1 is accepted).  It assumes a level is as likely accepted whatever tier drafted
+  it, which fails once the beam's most probable paths are verified (``rerank_pool: beam``: a ``[1, 2]`` tier
+  verifies one node, ``[4, 8]`` seven, so the narrow tier's rejections price the wide tiers low;
+  ``docs/design/sglang-internals.md``, "Tiers");
 * ``"width"``: the same level model, one per verify width: the tiers with the same ``draft_tokens`` share their
   level counts (a deeper beam of the same width adds only deep candidates, so its shallow levels pass alike), a
   group's counts decay by its own steps, and a width not yet run is measured first.
@@ -47,19 +46,17 @@ How the expected tokens are estimated (``acceptance``):
 The choice maximises ``expected tokens / cost``.  A tier never measured at a batch size is tried first there (the
 runtime's start-up measurement, amortised over the first steps at each batch size), cheapest first, and only while
 it could still win there: its cost at the nearest smaller measured batch size, grown as the smallest tier's cost
-grew since (less ``bound_slack``), bounds its cost from below, and a tier whose rate under that bound cannot beat the best rate measured at this size is not run for
-its price (a traffic ramp from 1 to 12 requests had measured the ``[6, 11]`` tier at eight sizes, 116-415 ms a
-step against the off tier's 53-108).  A tier not chosen is
+grew since (less ``bound_slack``), bounds its cost from below, and a tier whose rate under that bound cannot beat the
+best rate measured at this size is not run for its price (a traffic ramp through many batch sizes would otherwise
+measure a deep tier that cannot pay at every one of them).  A tier not chosen is
 re-measured (*probed*) once it has not run for its probe gap, so the estimates follow the traffic.  The gap starts
 at ``probe_every`` steps; a probe the tier loses (another tier still rates higher at that batch size once its
 feedback is in) doubles it, up to ``probe_backoff * probe_every``, and a tier that wins (probe or plain choice) is
-back to ``probe_every``.  A deep tier that cannot pay at a large batch costs several off steps per probe (SmolLM2
-on the 2-core CPU, batch 8: 270 ms against 85 ms; probing it every 16 steps cost about 14% of the time); the
+back to ``probe_every``.  A deep tier that cannot pay at a large batch costs several off steps per probe; the
 back-off bounds that while a change of traffic is still found within ``probe_backoff * probe_every`` steps.  With
 ``probe_confidence`` ``z`` > 0 a probe is lost only if the tier loses even at its :meth:`optimistic_rate` (its
-fastest step there, its tokens ``z`` standard errors high), so a few early steps cannot hold a tier out (SGLang,
-EAGLE-3 head: ``[3, 4]`` priced at batch 1 from its first steps at 196 ms and 1.27 tokens, against 132 ms and 1.90
-in another run, lost its probes and ran 7 times at batch 1 against 118).  Feedback may lag: the runtime calls
+fastest step there, its tokens ``z`` standard errors high), so a few unlucky early steps, which price a tier high
+and its tokens low, cannot hold it out for a whole run.  Feedback may lag: the runtime calls
 :meth:`TierChooser.choose` when a step starts and :meth:`observe` when its accept counts reach the host, possibly
 after later steps started (overlap scheduling); observations are matched to steps in launch order.
 
