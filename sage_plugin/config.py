@@ -204,8 +204,8 @@ class SageConfig:
     history_hi: float = 3.0  # D_max up by history_step when the window's mean is above this
     history_step: int = 1  # open point 9: how far D_max moves at a time
     d_cap: int = 10  # open point 9: the highest D_max the history controller reaches
-    history_cooldown: str = "full_window"  # open point 9: full_window | none
-    history_tau: str = "drafts"  # open point 10: drafts | drafts_plus_bonus
+    history_cooldown: str = "full_window"  # open point 9: after D_max moves, wait a full new window, or none
+    history_tau: str = "drafts"  # open point 10: history_lo/hi in accepted drafts, or drafts_plus_bonus
     history_mode: str = "absolute"  # absolute: history_lo/hi (the paper's); relative: ratios to the running mean
     history_lo_ratio: float = 0.8  # relative mode: D_max down when the window mean < ratio x the running mean
     history_hi_ratio: float = 1.25  # relative mode: D_max up when the window mean > ratio x the running mean
@@ -215,7 +215,7 @@ class SageConfig:
     rounding: str = "half_up"  # open point 2: how D, W and W_l are rounded (half_up, ceil, floor)
     clamp_level_width: bool = True  # open point 2: W_l >= 1 (False: a level's width may round to 0)
     parent_prob: str = "conditional"  # open point 3: P_parent in Eq. 12, the parent's own or its path probability
-    threshold_on: str = "conditional"  # open point 4: the node's own probability, or its path's (joint); see above
+    threshold_on: str = "conditional"  # open point 4: theta_l against the node's own or (joint) its path's probability
     prob_space: str = "full"  # open point 5: W_l and theta_l read the full softmax (full) or the top-k renormalised
     budget_order: str = "best_first"  # open point 6: order under n_max, by path probability or parent order
     keep_top1: bool = True  # open point 7: always keep the root's rank-0 child (no empty tree)
@@ -223,10 +223,10 @@ class SageConfig:
     # -- baselines -----------------------------------------------------------------------------
     eagle_depth: int = 7  # EAGLE-2 expansion levels (the baseline: depth 7, top-k 10, 60 nodes)
     eagle_total_tokens: int = 60  # EAGLE-2 final rerank budget (draft nodes)
-    chain_depth: int = 5  # SD-Chain
+    chain_depth: int = 5  # SD-Chain: the draft's top-1 at each of this many levels
     topn_nodes: int = 60  # top-N tree (OPT-Tree style): nodes kept per level and verified
-    topn_threshold: float = 0.5  # ... grows a level while the expected gain of the previous one exceeds this
-    topn_max_depth: int = 10  # ... and at most this deep
+    topn_threshold: float = 0.5  # top-N tree: grows a level while the previous one gained more than this
+    topn_max_depth: int = 10  # top-N tree: at most this many levels
     # the static tree (SD-Tree baseline, SAGE's first round): rank paths from the root, SpecVLM's 25-node mc_sim_7b_63
     static_tree: tuple[tuple[int, ...], ...] = field(default=MC_SIM_7B_63)
     # -- VLM draft-side visual-token pruning (SpecVLM) ------------------------------------------
