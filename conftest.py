@@ -34,7 +34,11 @@ REPO = Path(__file__).resolve().parent
 
 collect_ignore: list[str] = []
 if importlib.util.find_spec("sglang") is None:
-    collect_ignore += ["sage_plugin/runtimes/sglang/algo.py", "sage_plugin/runtimes/sglang/worker.py"]
+    collect_ignore += [
+        "sage_plugin/runtimes/sglang/algo.py",
+        "sage_plugin/runtimes/sglang/draft_worker.py",
+        "sage_plugin/runtimes/sglang/worker.py",
+    ]
 elif ctypes.util.find_library("cuda") is None and (lib := unpacked_libcuda(REPO / ".sglang-libcuda")) is not None:
     ctypes.CDLL(str(lib / "libcuda.so.1"), mode=ctypes.RTLD_GLOBAL)
     os.environ.update(cpu_launch_env(os.environ, lib))

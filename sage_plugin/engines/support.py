@@ -32,6 +32,7 @@ _NOT_READ = {
     "tier_alpha_bins": _NO_TIERS,
     "cpu_overlap": "one process, no scheduler to overlap",
     "tp_sync": "one process, no tensor-parallel ranks",
+    "opt_out_params": "takes no per-request parameters",
 }
 
 REFERENCE_SUPPORT = RuntimeSupport(

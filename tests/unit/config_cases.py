@@ -36,6 +36,7 @@ OTHER_VALUES: dict[str, list] = {
     "cpu_lean_draft": [False],
     "price_level_host": [False],
     "tp_sync": ["tree", "off"],
+    "opt_out_params": ["presence_penalty", "frequency_penalty,sampling"],
     "tier_alpha_bins": [0, 8],
     "use_history": [False],
     "history_window": [5],

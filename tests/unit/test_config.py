@@ -44,6 +44,7 @@ BAD_VALUES: dict[str, list] = {
     "cpu_lean_draft": ["yes", 1, None],
     "price_level_host": [0, "no", None],
     "tp_sync": ["on", 1, None],
+    "opt_out_params": ["bogus", "presence_penalty,seed"],
     "tier_alpha_bins": [-1, 65, 1.5, "4", None],
     "use_history": [0, "true"],
     "history_window": [0, 10_001, 2.5],

@@ -16,7 +16,10 @@ each row's plan); :class:`SageRoundHost` folds each request's row into running m
     [{"rounds": 17, "off_steps": 3, "mean_alpha": 0.41, "mean_depth": 2.6, "mean_width": 2.8, "mean_shaped_nodes": 7.4}]
 
 ``rounds`` counts the request's drafted rounds and ``off_steps`` its steps at the speculation-off tier
-(``--sage-tiers``), so ``rounds + off_steps`` equals SGLang's own ``spec_verify_ct`` for the request.  Streaming requests carry no SAGE summary:
+(``--sage-tiers``), so ``rounds + off_steps`` equals SGLang's own ``spec_verify_ct`` for the request.  A request that
+runs without speculation (``penalties.opt_out_reason``) counts every step as an off step and carries
+``"opt_out"``, the reason (``"custom_params.disable_speculative_decoding"``, ``"custom_logit_processor"``, or the
+parameter ``--sage-opt-out-params`` named).  Streaming requests carry no SAGE summary:
 SGLang sends a request-level key only with a stream's first chunk, which comes before any round.
 """
 
@@ -26,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
+
+from .penalties import REASON_ATTR
 
 __all__ = ["META_KEY", "ROUND_FIELDS", "SageRoundDevice", "SageRoundHost", "sage_streamer_class", "update_summary"]
 
@@ -71,7 +76,9 @@ class SageRoundHost:
             if info is None:
                 info = req.customized_info = {}
             prev = info.get(META_KEY)
-            info[META_KEY] = [update_summary(prev[0] if prev else None, row)]
+            reason = getattr(req, REASON_ATTR, "")  # a request that does not speculate: every step an off step
+            summary = update_summary(prev[0] if prev else None, None if reason else row)
+            info[META_KEY] = [{**summary, "opt_out": reason} if reason else summary]
 
 
 @dataclass(frozen=True)

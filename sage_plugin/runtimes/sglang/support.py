@@ -68,6 +68,9 @@ SGLANG_SUPPORT = RuntimeSupport(
         "tier_alpha_bins": _ALL,
         "cpu_overlap": Honoured(note="CPU servers; on GPUs SGLang's overlap scheduler stays on unless disabled"),
         "tp_sync": _ALL,
+        "opt_out_params": Honoured(
+            note="a request using a listed parameter verifies its root only, in a batch that speculates"
+        ),
         "cpu_lean_draft": Honoured(
             note="CPU servers, a standalone Llama-family draft on one rank; EAGLE heads and GPUs run SGLang's forward"
         ),

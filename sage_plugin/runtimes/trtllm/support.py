@@ -52,6 +52,7 @@ _TIERS = {
     "tier_alpha_bins": "no tiers",
     "cpu_overlap": "TensorRT-LLM's own disable_overlap_scheduler decides (the drafter needs it off)",
     "tp_sync": "the drafter proposes one chain for every rank",
+    "opt_out_params": "the drafter proposes for every request of the step",
     "lookahead": _NO_COST,
     "price_level_host": _NO_COST,
     "cpu_draft_dtype": "GPU only: the drafter runs in the engine's dtype",

@@ -59,45 +59,50 @@ runtime refuses a value it does not honour at launch (``docs/reference/runtime-s
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
-from .core.policies import POLICIES
-from .core.tiers import ACCEPTANCE_MODELS
-from .core.tree import MC_SIM_7B_63
+from ..core.policies import POLICIES
+from ..core.tiers import ACCEPTANCE_MODELS
+from ..core.tree import MC_SIM_7B_63
+from .checks import (
+    ConfigError,
+    _bool,
+    _choice,
+    _float_in,
+    _int_in,
+    _validate_calibration,
+    _validate_tiers,
+    _validate_tree_choices,
+)
 
-__all__ = ["ConfigError", "SageConfig", "MC_SIM_7B_63", "from_mapping", "read_sage_yaml"]
-
-
-class ConfigError(ValueError):
-    """A configuration value is out of its allowed range (the message names the field)."""
-
-
-def _int_in(name: str, value: Any, lo: int, hi: int, why: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ConfigError(f"{name} must be an integer in [{lo}, {hi}]{why}, got {value!r}")
-
-
-def _float_in(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (lo < value if lo_open else lo <= value) and value <= hi
-    if not ok:
-        left = "(" if lo_open else "["
-        raise ConfigError(f"{name} must be a number in {left}{lo}, {hi}], got {value!r}")
-
-
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+__all__ = [
+    "ConfigError",
+    "SageConfig",
+    "MC_SIM_7B_63",
+    "OPT_OUT_PARAMS",
+    "from_mapping",
+    "opt_out_names",
+    "read_sage_yaml",
+]
 
 
-def _bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name} must be true or false, got {value!r}")
+#: request parameters ``opt_out_params`` may name (a request using one runs without speculation)
+OPT_OUT_PARAMS = (
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "logit_bias",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "sampling",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +198,9 @@ class SageConfig:
     # (ROCm, a batch with sampling requests), tree = every step, off = never (docs/design/sglang-internals.md,
     # "Tensor parallelism")
     tp_sync: str = "auto"
+    # request parameters (comma-separated, OPT_OUT_PARAMS) whose requests run without speculation inside a batch that
+    # speculates (they verify their root only); penalties, min_tokens and min_p are exact under SAGE without it
+    opt_out_params: str = ""
     # -- level thresholds and the first round [S] ------------------------------------------------------
     theta0: float = 0.1  # theta_l = theta0 * l / D
     alpha_init: float = 0.5  # alpha before a request has a draft distribution (and always, with use_entropy false)
@@ -266,6 +274,10 @@ class SageConfig:
         _choice("cpu_draft_dtype", self.cpu_draft_dtype, ("bfloat16", "float32"))
         _bool("cpu_lean_draft", self.cpu_lean_draft)
         _choice("tp_sync", self.tp_sync, ("auto", "tree", "off"))
+        if not isinstance(self.opt_out_params, str):
+            raise ConfigError(f"opt_out_params must be a comma-separated list of {', '.join(OPT_OUT_PARAMS)}")
+        for name in opt_out_names(self.opt_out_params):
+            _choice("opt_out_params", name, OPT_OUT_PARAMS)
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
         _int_in("beam_depth", self.beam_depth, 1, 64)
         if self.rerank_nodes and self.topology == "planned":
@@ -347,6 +359,15 @@ class SageConfig:
         return from_mapping(read_sage_yaml(path, section=section))
 
 
+def opt_out_names(opt_out_params: str) -> tuple[str, ...]:
+    """``opt_out_params`` as names.
+
+    >>> opt_out_names("presence_penalty, sampling")
+    ('presence_penalty', 'sampling')
+    """
+    return tuple(p.strip() for p in opt_out_params.split(",") if p.strip())
+
+
 def read_sage_yaml(path: str | Path, *, section: str | None = "sage", label: str | None = None) -> dict[str, Any]:
     """The SageConfig fields of a YAML file, unvalidated: the one reader of SAGE YAML (reference and runtimes).
 
@@ -397,52 +418,3 @@ def from_mapping(values: Mapping[str, Any]) -> SageConfig:
             raise ConfigError(f"tiers must be a list of [steps, draft_tokens] pairs, got {tiers!r}")
         kwargs["tiers"] = tuple(tuple(t) for t in tiers)
     return SageConfig(**kwargs)
-
-
-def _validate_calibration(table: Any) -> None:
-    """Empty, or 1-64 rows of the same 1-64 numbers in (0, 1]."""
-    if table == ():
-        return
-    if not isinstance(table, tuple) or not all(isinstance(r, tuple) for r in table):
-        raise ConfigError(f"calibration must be a list of rows of acceptance rates, got {table!r}")
-    widths = {len(r) for r in table}
-    if not 1 <= len(table) <= 64 or len(widths) != 1 or not 1 <= widths.pop() <= 64:
-        raise ConfigError("calibration must have 1-64 rows (alpha bins) of one length 1-64 (probability bins)")
-    for r in table:
-        for v in r:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
-                raise ConfigError(f"calibration values must be numbers in (0, 1], got {v!r}")
-
-
-def _validate_tiers(tiers: Any) -> None:
-    """Empty, or 1-16 distinct ``[steps, draft_tokens]`` pairs: ``[0, 1]`` (off) or steps 1-64 with 2-1025 tokens."""
-    if tiers == ():
-        return
-    if not isinstance(tiers, tuple) or not all(isinstance(t, tuple) for t in tiers) or not 1 <= len(tiers) <= 16:
-        raise ConfigError(f"tiers must be a list of 1-16 [steps, draft_tokens] pairs, got {tiers!r}")
-    for t in tiers:
-        ints = len(t) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in t)
-        if not ints or not (t == (0, 1) or (1 <= t[0] <= 64 and 2 <= t[1] <= 1025)):
-            raise ConfigError(
-                "tiers: every tier must be [steps, draft_tokens] with steps in [1, 64] and draft_tokens in "
-                f"[2, 1025] (the root counts), or [0, 1] for speculation off; got {list(t)!r}"
-            )
-    if len(set(tiers)) != len(tiers):
-        raise ConfigError(f"tiers must be distinct, got {[list(t) for t in tiers]!r}")
-
-
-def _validate_tree_choices(name: str, paths: Any, k: int) -> None:
-    if not isinstance(paths, tuple) or not paths:
-        raise ConfigError(f"{name} must be a non-empty list of rank paths, got {paths!r}")
-    seen = set()
-    for p in paths:
-        if not isinstance(p, tuple) or not p or not all(isinstance(r, int) and 0 <= r < k for r in p):
-            raise ConfigError(f"{name}: every rank path must be a non-empty list of ranks in [0, {k - 1}], got {p!r}")
-        seen.add(p)
-    if len(seen) != len(paths):
-        raise ConfigError(f"{name} contains duplicate rank paths")
-    for p in paths:
-        if len(p) > 1 and p[:-1] not in seen:
-            raise ConfigError(
-                f"{name}: path {list(p)} has no parent path {list(p[:-1])} (tree must be ancestor-closed)"
-            )
