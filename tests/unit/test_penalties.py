@@ -132,3 +132,37 @@ def test_one_node_trees_and_no_drafted_tokens():
     logits = torch.tensor([[1.0, -1.0, 4.0, 0.5, 0, 0, 0, 0, 0]])
     tree_penalties(logits, torch.full((1, 1, 0), -1), additive=additive, scaling=scaling)
     assert logits[0, :4].tolist() == [1.0, -1.0, 1.0, 0.5]  # (4 - 2) / 2
+
+
+def _req(**params):
+    from types import SimpleNamespace
+
+    sp = dict(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0, logit_bias=None,
+              json_schema=None, regex=None, ebnf=None, structural_tag=None, temperature=0.0, top_k=-1,
+              custom_params=None)  # fmt: skip
+    custom = params.pop("custom_logit_processor", None)
+    return SimpleNamespace(sampling_params=SimpleNamespace(**{**sp, **params}), custom_logit_processor=custom)
+
+
+def test_a_request_opts_out_by_its_own_key_a_processor_or_a_listed_parameter():
+    from sage_plugin.runtimes.sglang.penalties import OPT_OUT_KEY, opt_out_reason
+
+    listed = frozenset({"presence_penalty", "sampling"})
+    assert opt_out_reason(_req(), listed) == ""
+    assert opt_out_reason(_req(frequency_penalty=0.5), listed) == ""  # exact under SAGE: not listed, speculates
+    assert opt_out_reason(_req(presence_penalty=0.5), listed) == "presence_penalty"
+    assert opt_out_reason(_req(temperature=0.7), listed) == "sampling"
+    assert opt_out_reason(_req(temperature=0.7, top_k=1), listed) == ""  # top_k 1 is greedy
+    assert opt_out_reason(_req(custom_params={OPT_OUT_KEY: True}), frozenset()) == f"custom_params.{OPT_OUT_KEY}"
+    assert opt_out_reason(_req(custom_params={OPT_OUT_KEY: "yes"}), frozenset()) == ""  # only a JSON true
+    assert opt_out_reason(_req(custom_logit_processor="{...}"), frozenset()) == "custom_logit_processor"
+    req = _req(presence_penalty=0.5)
+    assert opt_out_reason(req, listed) == "presence_penalty"
+    assert opt_out_reason(req, frozenset()) == "presence_penalty"  # decided once, at the request's first step
+
+
+def test_every_listable_parameter_has_a_predicate():
+    from sage_plugin.config import OPT_OUT_PARAMS
+    from sage_plugin.runtimes.sglang.penalties import USES_PARAM
+
+    assert tuple(USES_PARAM) == OPT_OUT_PARAMS
