@@ -63,10 +63,11 @@ def request_gate(cfg: SageConfig) -> RequestGate | None:
 
 
 def request_keys(batch: Any) -> list[int] | None:
-    """Each request's key in batch order (its request slot, ``req_pool_idx``: a host int on every rank); None when
-    the batch holds no host-side requests."""
+    """Each request's key in batch order: its request slot (SGLang 0.5.23's ``req.kv.req_pool_idx``, a host int, the
+    same on every rank); None when the batch holds no host-side requests or a request holds no slot."""
     reqs = getattr(batch, "reqs", None)
-    return None if reqs is None else [int(r.req_pool_idx) for r in reqs]
+    keys = None if reqs is None else [getattr(getattr(r, "kv", None), "req_pool_idx", None) for r in reqs]
+    return None if keys is None or None in keys else keys
 
 
 @dataclass

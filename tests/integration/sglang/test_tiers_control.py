@@ -170,3 +170,17 @@ def test_speculate_mask_is_a_device_tensor_of_the_host_mask():
     ctl.mask = [True, False, True]
     mask = ctl.speculate_mask("cpu")
     assert mask.dtype.is_floating_point is False and mask.tolist() == [True, False, True]
+
+
+def test_request_keys_are_sglangs_request_slots():
+    """The worker keys each request by its slot in SGLang's request pool, read from SGLang's own ``Req`` record."""
+    import types
+
+    from sglang.srt.managers.schedule_batch import ReqKvInfo
+
+    from sage_plugin.runtimes.sglang.tiers import request_keys
+
+    batch = types.SimpleNamespace(reqs=[types.SimpleNamespace(kv=ReqKvInfo(req_pool_idx=i)) for i in (5, 2, 9)])
+    assert request_keys(batch) == [5, 2, 9]
+    batch.reqs.append(types.SimpleNamespace(kv=ReqKvInfo()))  # a request without a slot yet: no keys, no gating
+    assert request_keys(batch) is None and request_keys(types.SimpleNamespace()) is None
