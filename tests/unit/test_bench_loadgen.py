@@ -63,8 +63,10 @@ def test_argv_runs_the_load_generator_greedy_offline_with_natural_lengths(tmp_pa
     ids = loadgen_argv(LoadSpec("random-ids", Path("/t"), output_len=64, input_len=128), "u", LoadPoint(1), Path("o"))
     flags = dict(zip(ids, ids[1:]))
     assert flags["--random-input-len"] == "128" and flags["--random-output-len"] == "64" and "--dataset-path" not in ids
-    image = LoadSpec("image", Path("/vlm"), extra=("--image-resolution", "360p"))
-    assert loadgen_argv(image, "u", LoadPoint(1), Path("o"))[-2:] == ["--image-resolution", "360p"]
+    image = loadgen_argv(LoadSpec("image", Path("/vlm")), "u", LoadPoint(1), Path("o"))
+    assert dict(zip(image, image[1:]))["--image-resolution"] == "360p"  # CPU-sized unless given
+    image = LoadSpec("image", Path("/vlm"), extra=("--image-resolution", "720p"))
+    assert loadgen_argv(image, "u", LoadPoint(1), Path("o"))[-2:] == ["--image-resolution", "720p"]
     with pytest.raises(ConfigError, match="needs prompts"):
         LoadSpec("custom", Path("/t"))
     with pytest.raises(ConfigError, match="--dataset must be one of"):

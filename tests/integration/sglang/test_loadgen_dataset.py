@@ -55,3 +55,27 @@ def test_spec_totals_read_sglangs_metrics_reporter_including_the_open_interval()
     }
     none = types.SimpleNamespace(is_none=lambda: True)
     assert spec_totals(types.SimpleNamespace(metrics_reporter=reporter, spec_algorithm=none)) == {}
+
+
+def test_the_generated_datasets_build_offline_from_the_local_models(target_dir):
+    """``random-ids`` with the target's tokenizer and ``image`` with the CPU VLM's processor (one 640x360 image, as
+    ``sage bench-serving`` asks), from local directories: nothing from a hub."""
+    from pathlib import Path
+
+    from sglang.benchmark.datasets.image import ImageDataset
+    from sglang.benchmark.datasets.random import RandomDataset
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    ids = RandomDataset(input_len=64, output_len=16, num_requests=3, range_ratio=1.0, dataset_path="",
+                        return_text=True, random_sample=False)  # what --dataset-name random-ids builds  # fmt: skip
+    rows = ids.load(tokenizer=tokenizer)
+    assert len(rows) == 3 and all(r.output_len == 16 and r.prompt_len == 64 for r in rows)
+    vlm = Path.home() / ".cache" / "sage_plugin" / "qwen2-vl-smollm2-135m"
+    if not (vlm / "config.json").exists():
+        pytest.skip(f"the CPU VLM is not built at {vlm} (sage build-vlm)")
+    images = ImageDataset(num_requests=2, image_count=1, input_len=32, output_len=16, range_ratio=1.0,
+                          image_content="random", image_format="jpeg", image_resolution="360p", backend="sglang",
+                          random_image_count=False, seed=1)  # fmt: skip
+    rows = images.load(model_id=str(vlm))
+    assert len(rows) == 2 and all(r.image_data for r in rows) and all(r.output_len == 16 for r in rows)
