@@ -81,14 +81,15 @@ class LoadSpec:
     input length of generated prompts (``random-ids``, ``image``), the seed (the same prompts on every server) and
     how many warm-up requests per concurrent client (``warmup``)."""
 
-    dataset: str
-    tokenizer: Path
-    dataset_path: Path | None = None
+    dataset: str  # one of DATASETS
+    tokenizer: Path  # the target's directory: --model and --tokenizer
+    dataset_path: Path | None = None  # custom: the conversations file (write_custom_prompts)
     num_prompts: int = 16
+    #: the output cap (requests stop at EOS before it) and the prompt tokens of random-ids / image
     output_len: int = 128
     input_len: int = 256
-    seed: int = 1
-    warmup: int = 1
+    seed: int = 1  # the load generator's --seed: the same prompts, in the same order, on every server
+    warmup: int = 1  # warm-up requests per concurrent client (4 for a Poisson load), 0: none
     extra: tuple[str, ...] = field(default_factory=tuple)  # more load-generator flags (e.g. --image-resolution 360p)
 
     def __post_init__(self) -> None:
