@@ -148,7 +148,8 @@ def _serving_parser(sub) -> None:
                    "per method and repeat (a process that runs slow for its whole life moves one repeat, not "
                    "every figure of its method; always with --load sglang)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=1, help="unmeasured batches per batch size on every server first "
-                   "(one-off costs at a new size: first kernels, SAGE's tier measurements there)")  # fmt: skip
+                   "(one-off costs at a new size: first kernels, SAGE's tier measurements there); --load sglang: warm-up "
+                   "requests per concurrent client before each load")  # fmt: skip
     p.add_argument("--load", default="sglang", choices=("sglang", "batch", "stream"), help="sglang: SGLang's own load "
                    "generator (python -m sglang.benchmark.serving) per load; batch: each repeat sends B "
                    "requests at once, timed until the last returns; stream: each repeat sends --stream-per-slot x B "
