@@ -77,7 +77,10 @@ class LevelModel:
         self.prior_weight = prior_weight
         self.change_z = change_z
         self.alpha_bins = alpha_bins
+        # the decaying counts, kept unscaled: a group's true counts are these times its scale, which each step of the
+        # group multiplies by the decay (one multiplication a step, however many keys the group has)
         self._slow: dict[_Key, list[float]] = {}
+        self._scale: dict[int | None, float] = {}
         # per group: its latest steps (requests, counts), the fewest whole steps holding ``window`` requests
         self._recent: dict[int | None, deque[tuple[int, dict[_Key, list[float]]]]] = {}
         self.changes = 0  # change detections so far (the slow counts replaced by the recent ones)
@@ -92,18 +95,24 @@ class LevelModel:
         keys = [(None, None), (None, b)]
         if self.prior_weight:
             keys += [(size, None), (size, b)]
+        hist: dict[int, int] = {}  # requests by accepted drafts
+        for a in accepted:
+            hist[a] = hist.get(a, 0) + 1
         step: dict[_Key, list[float]] = {}
         for s, bb in dict.fromkeys(keys):  # b None: one key less
-            for a in accepted:
+            for a, n in hist.items():
                 for j in range(1, min(a + 1, steps) + 1):
                     c = step.setdefault((group, s, bb, j), [0.0, 0.0])
-                    c[0] += 1.0
-                    c[1] += float(a >= j)
-        for key, c in self._slow.items():
-            if key[0] == group:
-                c[0] *= self._decay
-                c[1] *= self._decay
-        _add(self._slow, step)
+                    c[0] += n
+                    c[1] += n * float(a >= j)
+        scale = self._scale.get(group, 1.0) * self._decay
+        if scale < 1e-12:  # fold the scale back into the counts, rarely
+            for key, c in self._slow.items():
+                if key[0] == group:
+                    c[0], c[1] = c[0] * scale, c[1] * scale
+            scale = 1.0
+        self._scale[group] = scale
+        _add(self._slow, step, 1.0 / scale)
         if not self.change_z:
             return
         recent = self._recent.setdefault(group, deque())
@@ -115,13 +124,22 @@ class LevelModel:
             _add(window, counts)
         if self._changed(group, window):
             self._slow = {k: v for k, v in self._slow.items() if k[0] != group}
+            self._scale[group] = 1.0
             _add(self._slow, window)
             self.changes += 1
+
+    def _get(self, key: _Key) -> tuple[float, float] | None:
+        """``(reached, passed)`` of ``key`` (decayed), None if no request counted there."""
+        c = self._slow.get(key)
+        if c is None:
+            return None
+        scale = self._scale.get(key[0], 1.0)
+        return c[0] * scale, c[1] * scale
 
     def _changed(self, group: int | None, window: dict[_Key, list[float]]) -> bool:
         """Whether the window's level-1 rate departs from the older requests' (the slow counts less the window's) by
         ``change_z`` standard errors of the window's rate."""
-        rs, ps = self._slow.get((group, None, None, 1), (0.0, 0.0))
+        rs, ps = self._get((group, None, None, 1)) or (0.0, 0.0)
         rw, pw = window.get((group, None, None, 1), (0.0, 0.0))
         ro, po = rs - rw, ps - pw
         if rw < self.window or ro < self.window:
@@ -131,16 +149,16 @@ class LevelModel:
 
     def level(self, group: int | None, j: int, size: int | None, b: int | None) -> tuple[float, float]:
         """``(h_j, n)``: the pass rate at level ``j`` and the requests it rests on (module docstring)."""
-        counts = self._slow
+        get = self._get
         if not self.prior_weight:
-            reached, passed = counts.get((group, None, b, j)) or counts.get((group, None, None, j)) or (0.0, 0.0)
+            reached, passed = get((group, None, b, j)) or get((group, None, None, j)) or (0.0, 0.0)
             return (passed + 0.5) / (reached + 1.0), reached + 1.0
         prior = 0.5 if b is None or not self.alpha_bins else (b + 0.5) / self.alpha_bins
-        reached, passed = counts.get((group, None, None, j), (0.0, 0.0))
+        reached, passed = get((group, None, None, j)) or (0.0, 0.0)
         h, n = (passed + prior) / (reached + 1.0), reached + 1.0
         w = self.prior_weight
         for key in ([(size, None)] if size is not None else []) + ([(size, b)] if b is not None else []):
-            reached, passed = counts.get((group, *key, j), (0.0, 0.0))
+            reached, passed = get((group, *key, j)) or (0.0, 0.0)
             h, n = (passed + w * h) / (reached + w), reached + w
         return h, n
 
@@ -158,9 +176,9 @@ class LevelModel:
         return expected
 
 
-def _add(into: dict[_Key, list[float]], counts: dict[_Key, list[float]]) -> None:
-    """Add ``counts`` (key -> [reached, passed]) into ``into``."""
+def _add(into: dict[_Key, list[float]], counts: dict[_Key, list[float]], times: float = 1.0) -> None:
+    """Add ``counts`` (key -> [reached, passed]) into ``into``, ``times`` over."""
     for key, (reached, passed) in counts.items():
         c = into.setdefault(key, [0.0, 0.0])
-        c[0] += reached
-        c[1] += passed
+        c[0] += reached * times
+        c[1] += passed * times
