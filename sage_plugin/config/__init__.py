@@ -66,7 +66,7 @@ from typing import Any, Mapping
 import yaml
 
 from ..core.policies import POLICIES
-from ..core.tiers import ACCEPTANCE_MODELS
+from ..core.tiers import ACCEPTANCE_MODELS, TIER_CONTROLS
 from ..core.tree import MC_SIM_7B_63
 from .checks import (
     ConfigError,
@@ -159,6 +159,11 @@ class SageConfig:
     # alpha bin), width (one such model per verify width: tiers of the same draft tokens share it) or per_tier (each
     # tier's own moving averages); core/tiers.py
     tier_acceptance: str = "width"
+    # calibrated: acceptance per batch-size class and alpha bin with the draft's confidence as the prior, change
+    # detection, speculation off under doubt, admissions priced; measured: each bin's counts (docs/design/serving-control.md)
+    tier_control: str = "calibrated"
+    # a request whose own drafts keep failing stops speculating while its batch goes on (core/request_gate.py)
+    tier_request_gate: bool = False
     # steps the off tier may leave a standalone draft behind on CPU instead of running its draft extend; the draft
     # catches up in one forward before the next drafted step (0: every off step runs the extend; a catch-up costs
     # more than the extends it replaces once the off step runs as a DECODE forward; docs/design/sglang-internals.md,
@@ -265,6 +270,8 @@ class SageConfig:
         _int_in("tier_alpha_bins", self.tier_alpha_bins, 0, 64)
         _float_in("tier_bound_slack", self.tier_bound_slack, 0.0, 1.0)
         _choice("tier_acceptance", self.tier_acceptance, ACCEPTANCE_MODELS)
+        _choice("tier_control", self.tier_control, tuple(TIER_CONTROLS))
+        _bool("tier_request_gate", self.tier_request_gate)
         _int_in("tier_off_lag", self.tier_off_lag, 0, 1024)
         _bool("tier_off_decode", self.tier_off_decode)
         _bool("ragged_verify", self.ragged_verify)

@@ -26,6 +26,8 @@ _NOT_READ = {
     "tier_probe_confidence": _NO_TIERS,
     "tier_bound_slack": _NO_TIERS,
     "tier_acceptance": _NO_TIERS,
+    "tier_control": _NO_TIERS,
+    "tier_request_gate": _NO_TIERS,
     "tier_off_lag": _NO_TIERS,
     "tier_off_decode": _NO_TIERS,
     "ragged_verify": _NO_TIERS,

@@ -27,6 +27,8 @@ OTHER_VALUES: dict[str, list] = {
     "tier_probe_confidence": [0.0, 2.5],
     "tier_bound_slack": [0.0, 1.0],
     "tier_acceptance": ["pooled", "per_tier"],
+    "tier_control": ["measured"],
+    "tier_request_gate": [True],
     "tier_off_lag": [16, 1, 1024],
     "tier_off_decode": [False],
     "ragged_verify": [True],

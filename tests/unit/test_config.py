@@ -35,6 +35,8 @@ BAD_VALUES: dict[str, list] = {
     "tier_probe_confidence": [-0.5, 10.5, "1", None],
     "tier_bound_slack": [-0.1, 1.5, "0.1", None],
     "tier_acceptance": ["pool", "", None],
+    "tier_control": ["calibrate", "", None],
+    "tier_request_gate": [1, "yes", None],
     "tier_off_lag": [-1, 1025, 2.5, "16", None],
     "tier_off_decode": [1, "true", None],
     "ragged_verify": [1, "true", None],

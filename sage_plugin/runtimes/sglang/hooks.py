@@ -21,10 +21,10 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
   (:class:`.selection.BeamSelection`); otherwise SGLang's own top-N.  ``HookRegistry`` also rebinds the copy
   ``eagle_worker_v2`` imported, which is the one the draft step calls.
 
-* :func:`add_speculative_state` (AROUND ``SchedulerInternalStateController._add_speculative``): adds a ``"sage"``
-  section to each scheduler's state in ``GET /server_info`` (``internal_states``): the SAGE worker's counters
-  (mean alpha / D / W / shaped nodes / accept length, lagged one step) and the KV pool's free and evictable
-  token counts.
+* :func:`add_speculative_state` (AROUND ``SchedulerInternalStateController._add_speculative``): adds to each
+  scheduler's state in ``GET /server_info`` (``internal_states``) SGLang's accept counts so far (``spec_totals``, any
+  algorithm: :func:`.meta.spec_totals`) and a ``"sage"`` section: the SAGE worker's counters (mean alpha / D / W /
+  shaped nodes / accept length, lagged one step) and the KV pool's free and evictable token counts.
 
 * :func:`output_streamer_class` (AROUND ``Scheduler.get_output_streamer_class``, the subclass point SGLang documents
   for auxiliary response fields): under a SAGE algorithm, the streamer treats ``"sage"`` as a request-level
@@ -78,6 +78,7 @@ from typing import Any, Callable
 
 from .args import STASH_ATTR, SageCliArgs, add_sage_arguments
 from .cpu_ops.sampling_ops import cpu_sampling_kernels_in_place
+from .meta import spec_totals
 from .penalties import copy_for_forward, cumulate_penalty_output_tokens, eagle_sample
 
 __all__ = [
@@ -164,6 +165,7 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
     """AROUND ``_add_speculative(self, state)``: SGLang's speculative fields, then ``state["sage"]``."""
     original(self, state)
     scheduler = self.scheduler
+    state.update(spec_totals(scheduler))  # every speculative algorithm (meta.py)
     draft = _sage_draft_worker(scheduler)
     if draft is None:
         return

@@ -32,7 +32,9 @@ import torch
 
 from .penalties import REASON_ATTR
 
-__all__ = ["META_KEY", "ROUND_FIELDS", "SageRoundDevice", "SageRoundHost", "sage_streamer_class", "update_summary"]
+__all__ = [
+    "META_KEY", "ROUND_FIELDS", "SageRoundDevice", "SageRoundHost", "sage_streamer_class", "spec_totals", "update_summary",
+]  # fmt: skip
 
 #: the ``meta_info`` key
 META_KEY = "sage"
@@ -104,3 +106,20 @@ def sage_streamer_class(base: type) -> type:
 
     SageOutputStreamer.__qualname__ = f"Sage{base.__qualname__}"
     return SageOutputStreamer
+
+
+def spec_totals(scheduler: Any) -> dict[str, dict[str, int]]:
+    """``{"spec_totals": {"accept_tokens": A, "forwards": F}}`` for ``GET /server_info`` under any speculative
+    algorithm (empty otherwise): the counts behind SGLang's ``avg_spec_accept_length`` up to this moment (its lifetime
+    totals move only at each decode log line, so the current interval's are added), so that a client can take the
+    accept length of a window as the difference of two reads: ``(A1 - A0) / (F1 - F0)``."""
+    reporter = getattr(scheduler, "metrics_reporter", None)
+    if reporter is None or scheduler.spec_algorithm.is_none():
+        return {}
+    accepted = reporter.spec_total_num_accept_tokens + reporter.spec_num_accept_tokens
+    return {
+        "spec_totals": {
+            "accept_tokens": accepted,
+            "forwards": reporter.spec_total_num_forward_ct + reporter.spec_num_forward_ct,
+        }
+    }

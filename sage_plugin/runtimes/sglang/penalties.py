@@ -313,10 +313,15 @@ def _tail(worker: Any, batch: Any) -> OutputTail:
 
 def verify_context(worker: Any, batch: Any) -> VerifyContext:
     """The :class:`VerifyContext` of a SAGE worker's verify of ``batch`` (a ScheduleBatch): its output tail, and the
-    opt-out mask from each request's :func:`opt_out_reason` under the worker's ``opt_out_params``."""
+    requests that verify their root only: each request's :func:`opt_out_reason` under the worker's ``opt_out_params``,
+    and those the tier control's per-request gate stops (``tier_request_gate``, ``SageTierController.mask``)."""
     params = frozenset(opt_out_names(worker.sage_cfg.opt_out_params))
-    reasons = [bool(opt_out_reason(req, params)) for req in batch.reqs]
-    mask = _host_to([reasons], batch.seq_lens.device)[0].bool() if any(reasons) else None
+    off = [bool(opt_out_reason(req, params)) for req in batch.reqs]
+    tiers = getattr(worker, "sage_tiers", None)
+    gate = None if tiers is None else tiers.mask  # the tier control's per-request gate: host bools, True speculates
+    if gate is not None and len(gate) == len(off):
+        off = [o or not g for o, g in zip(off, gate)]
+    mask = _host_to([off], batch.seq_lens.device)[0].bool() if any(off) else None
     return VerifyContext(_tail(worker, batch), mask)
 
 

@@ -39,7 +39,6 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
 
 from sage_plugin.core.entropy import root_confidence
-from sage_plugin.core.tiers import TierChooser, parse_tiers
 
 from .args import sage_config_of
 from .clock import HostScalar, StepClock
@@ -48,7 +47,7 @@ from .meta import SageRoundDevice
 from .penalties import ACTIVE_VERIFY, prefilled, verify_context
 from .ragged import ragged_runs, verify_target
 from .selection import BeamSelection
-from .tiers import RankZeroTimes, SageTierController, TierSwitchLogFilter
+from .tiers import RankZeroTimes, SageTierController, TierSwitchLogFilter, request_gate, request_keys, tier_chooser
 
 __all__ = [
     "BeamSelection",
@@ -86,17 +85,14 @@ class SageWorkerMixin:
             self._draft_worker.init_sage(cfg)
             if cfg.tiers:
                 # built by EAGLEWorkerV2.init_cuda_graphs, chosen in forward_batch_generation, as --speculative-adaptive
-                chooser = TierChooser(parse_tiers(cfg.tiers), cfg.tier_probe_every, probe_backoff=cfg.tier_probe_backoff,
-                                      alpha_bins=cfg.tier_alpha_bins, bound_slack=cfg.tier_bound_slack,
-                                      acceptance=cfg.tier_acceptance,
-                                      probe_confidence=cfg.tier_probe_confidence)  # fmt: skip
+                chooser = tier_chooser(cfg)
                 tp = get_tp_group()
                 shared = None
                 if tp.world_size > 1:  # every rank's chooser fed rank 0's timings: the same tier on every rank
                     src, group = tp.ranks[0], tp.cpu_group
                     shared = RankZeroTimes(chooser, tp.rank_in_group,
                                            lambda t: torch.distributed.broadcast(t, src=src, group=group))  # fmt: skip
-                self.sage_tiers = SageTierController(self, chooser, shared)
+                self.sage_tiers = SageTierController(self, chooser, shared, request_gate(cfg))
                 self._sage_alpha = HostScalar(self.device, fixed_lag=HostScalar.RING - 1 if shared else None)
                 self._sage_tp = tp_sync_group(cfg)
                 self.adaptive_controller = self.sage_tiers
@@ -136,15 +132,18 @@ class SageWorkerMixin:
         tiers = self.sage_tiers if not (prefill or idle) else None
         if tiers is not None and self._sage_last_end is not None and not self._sage_clock.cuda:
             tiers.record_overhead(time.perf_counter() - self._sage_last_end)
-        if tiers is not None and self.sage_cfg.tier_alpha_bins:
-            tiers.alpha = self._batch_alpha(batch)
-        started = self._sage_clock.start() if tiers is not None else None
+        if tiers is not None:  # the batch's requests for the per-request gate, its alpha for the chooser (tiers.py)
+            tiers.keys = request_keys(batch)
+            tiers.alpha = self._batch_alpha(batch) if self.sage_cfg.tier_alpha_bins else None
+        timed = self.sage_tiers if not idle else None
+        started = self._sage_clock.start() if timed is not None else None
         out = super().forward_batch_generation(
             batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
         )
+        if timed is not None:  # a decode step prices its tier, a prefill pass the admissions (tiers.py)
+            key = (None, 0) if tiers is None else (tiers.active, batch.seq_lens.shape[0])
+            timed.record_times(self._sage_clock.stop(started, key), request_keys(batch) if prefill else None)
         if tiers is not None:
-            for (tier, bs), seconds in self._sage_clock.stop(started, (tiers.active, batch.seq_lens.shape[0])):
-                tiers.record_cost(tier, bs, seconds)
             tiers.end_step()
             self._sage_last_end = time.perf_counter()
         else:

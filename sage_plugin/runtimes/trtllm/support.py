@@ -46,6 +46,8 @@ _TIERS = {
     "tier_probe_confidence": "no tiers",
     "tier_bound_slack": "no tiers",
     "tier_acceptance": "no tiers",
+    "tier_control": "no tiers",
+    "tier_request_gate": "no tiers",
     "tier_off_lag": "no tiers",
     "tier_off_decode": "no tiers",
     "ragged_verify": "no tiers",
