@@ -4,7 +4,8 @@
   Qwen2.5-VL / LLaVA-OneVision (:func:`build_tiny_vlm`), SmolVLM whose text model is the real
   SmolLM2-135M-Instruct (:func:`build_smolvlm`), and :func:`load_vlm`.
 * :mod:`.qwen_smollm2`: Qwen2-VL / Qwen2.5-VL whose language model is the real SmolLM2-135M-Instruct (what SGLang
-  serves on CPU: it has no SmolVLM) and the bundled draft padded to its vocabulary (:func:`ensure_qwen_vl_smollm2`).
+  serves on CPU: it has no SmolVLM), the bundled draft padded to its vocabulary (:func:`ensure_qwen_vl_smollm2`) and
+  the bundled EAGLE-3 head fitted to it (:func:`ensure_qwen_vl_eagle3`).
 * :mod:`.scores`: visual-attention score collection during a prefill (:data:`SCORE_ATTN`) and
   SpecVLM's two-stage visual-token selection (:func:`select_visual_keep`).
 * :mod:`.model`: multimodal requests (:func:`make_vlm_request`, :class:`VLMInput`), the VLM
@@ -19,8 +20,10 @@ from .model import TextDraftForVLM, VLMInput, VLMModel, make_vlm_request
 from .qwen_smollm2 import (
     QWEN_VL_KINDS,
     build_qwen_vl_smollm2,
+    build_vlm_eagle3_head,
     build_vlm_text_draft,
     ensure_qwen_vl_draft,
+    ensure_qwen_vl_eagle3,
     ensure_qwen_vl_smollm2,
 )
 from .scores import SCORE_ATTN, select_visual_keep
@@ -36,8 +39,10 @@ __all__ = [
     "build_tiny_vlm",
     "build_qwen_vl_smollm2",
     "build_smolvlm",
+    "build_vlm_eagle3_head",
     "build_vlm_text_draft",
     "ensure_qwen_vl_draft",
+    "ensure_qwen_vl_eagle3",
     "ensure_qwen_vl_smollm2",
     "load_vlm",
     "make_vlm_request",

@@ -12,10 +12,6 @@ to its starting size.  Qwen2.5-VL gets the same identity check on fewer prompts.
 from __future__ import annotations
 
 import base64
-import json
-import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -25,6 +21,7 @@ from sage_plugin.bench.serving import Server, parallel, plain_flags  # noqa: E40
 from sage_plugin.data.prompts import load_prompts, mixed_text_prompts, openai_messages  # noqa: E402
 
 from .conftest import REPO, launch_servers  # noqa: E402
+from .mm_client import answer, chat, kv_returns, post_status  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +29,6 @@ CONFIGS = {
     "qwen2_vl": REPO / "engine_configs" / "sglang" / "qwen2_vl_smollm2_cpu_sage.yaml",
     "qwen2_5_vl": REPO / "engine_configs" / "sglang" / "qwen2_5_vl_smollm2_cpu_sage.yaml",
 }
-NEW_TOKENS = 24
 
 
 def _start(kind: str, launch_env, logs, *extra: str):
@@ -57,31 +53,12 @@ def servers(launch_env, target_dir, tmp_path_factory):
     plain.stop()
 
 
-def chat(server: Server, messages: list[dict], max_tokens: int = NEW_TOKENS) -> dict:
-    payload = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
-    return server.post("/v1/chat/completions", payload)
-
-
-def _answer(reply: dict) -> tuple[str, int]:
-    return reply["choices"][0]["message"]["content"], reply["usage"]["completion_tokens"]
-
-
-def _post_status(server: Server, payload: dict) -> tuple[int, str]:
-    req = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/chat/completions",
-                                 data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})  # fmt: skip
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-
-
 def test_image_prompts_equal_plain_serving(servers, kv_start):
     plain, sage = servers
     msgs = [openai_messages(p) for p in load_prompts("vlm", 6)]
     ref = parallel(lambda m: chat(plain, m), msgs)
     got = parallel(lambda m: chat(sage, m), msgs)
-    assert [_answer(g) for g in got] == [_answer(r) for r in ref]
+    assert [answer(g) for g in got] == [answer(r) for r in ref]
     assert all(g["usage"]["prompt_tokens_details"]["image_tokens"] > 0 for g in got)
 
 
@@ -92,7 +69,7 @@ def test_text_and_image_requests_in_one_batch_equal_plain(servers, kv_start):
     mixed = [m for pair in zip(vlm, text) for m in pair]
     ref = parallel(lambda m: chat(plain, m), mixed)
     got = parallel(lambda m: chat(sage, m), mixed)
-    assert [_answer(g) for g in got] == [_answer(r) for r in ref]
+    assert [answer(g) for g in got] == [answer(r) for r in ref]
 
 
 def test_two_images_in_one_request(servers, kv_start):
@@ -101,7 +78,7 @@ def test_two_images_in_one_request(servers, kv_start):
     msgs = openai_messages(first, images=[second.image])
     one = chat(sage, openai_messages(first))
     ref, got = chat(plain, msgs), chat(sage, msgs)
-    assert _answer(got) == _answer(ref)
+    assert answer(got) == answer(ref)
     two_images = got["usage"]["prompt_tokens_details"]["image_tokens"]
     assert two_images > one["usage"]["prompt_tokens_details"]["image_tokens"] > 0
 
@@ -141,21 +118,15 @@ def test_bad_images_are_a_400_and_the_server_keeps_serving(servers, kv_start, ur
     plain, sage = servers
     payload = {"model": "default", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is this?"}]}]}  # fmt: skip
-    status, body = _post_status(sage, payload)
+    status, body = post_status(sage, payload)
     assert status == 400, (what, status, body[:500])
     ok = chat(sage, [{"role": "user", "content": "Say hello."}], max_tokens=8)
-    assert _answer(ok) == _answer(chat(plain, [{"role": "user", "content": "Say hello."}], max_tokens=8))
+    assert answer(ok) == answer(chat(plain, [{"role": "user", "content": "Say hello."}], max_tokens=8))
 
 
 def test_kv_pool_returns_to_its_starting_free_size(servers, kv_start):
     _, sage = servers
-    sage.post("/flush_cache", {})
-    deadline = time.monotonic() + 60
-    while True:
-        info = sage.get("/server_info")["internal_states"][0]["sage"]
-        if info["kv_available_tokens"] == kv_start or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    info = kv_returns(sage, kv_start)
     assert info["kv_available_tokens"] == kv_start, (info, kv_start)
 
 
@@ -186,7 +157,7 @@ def test_qwen2_5_vl_image_prompts_equal_plain(launch_env, target_dir, tmp_path):
     finally:
         sage.stop()
         plain.stop()
-    assert [_answer(g) for g in got] == [_answer(r) for r in ref]
+    assert [answer(g) for g in got] == [answer(r) for r in ref]
     state = info["internal_states"][0]["sage"]
     assert state["sage_rounds"] > 0 and state["off_decode_steps"] > 0, state
     ragged = state["ragged_verify"]  # steps verified on their live rows only, some rows dropped
