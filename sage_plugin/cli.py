@@ -40,7 +40,8 @@ def _bench_parser(sub) -> None:
     p.add_argument(
         "--datasets",
         default="mixed",
-        help="mixed (round-robin mt_bench/gsm8k/humaneval), or comma list of mt_bench,gsm8k,humaneval,vlm",
+        help="mixed (round-robin mt_bench/gsm8k/humaneval), or comma list of mt_bench,gsm8k,humaneval, or of vlm "
+        "(images),vlm-video (clips: the target defaults to the Qwen2.5-VL on SmolLM2); media runs report by modality",
     )
     p.add_argument("--prompts", dest="prompts_file", default=None, metavar="FILE.jsonl",
                    help='your prompts: {"turns": [...]} (first turn) or {"prompt": ...} per line, optional "category" '
@@ -61,7 +62,8 @@ def _bench_parser(sub) -> None:
     p.add_argument(
         "--draft-vlm",
         default=None,
-        help="with --datasets vlm: a VLM draft dir (SpecVLM pruning at prune_ratio_image) instead of a text draft",
+        help="with --datasets vlm / vlm-video: a VLM draft dir (SpecVLM pruning at prune_ratio_image / "
+        "prune_ratio_video) instead of a text draft",
     )
     p.add_argument(
         "--standin-layers", type=int, default=4, help="layers of the target used as stand-in draft when none ships"
@@ -120,9 +122,12 @@ def _serving_parser(sub) -> None:
     p = sub.add_parser("bench-serving", help="SGLang serving: SAGE vs plain decoding, side by side (needs sglang)")
     p.add_argument(
         "--config", default=None, help="SGLang --config YAML (default: engine_configs/sglang/smollm2_cpu_sage.yaml, "
-        "or qwen2_vl_smollm2_cpu_sage.yaml for image prompts)",
+        "or the --vlm demo's <vlm>_smollm2_cpu_sage.yaml for image and video prompts)",
     )  # fmt: skip
-    p.add_argument("--datasets", default="text", choices=("text", "vlm"), help="bundled text or image prompts")
+    p.add_argument("--datasets", default="text", choices=("text", "vlm", "vlm-video"),
+                   help="bundled text, image or video prompts (one modality a run: its rows are that modality's)")  # fmt: skip
+    p.add_argument("--vlm", default="qwen2_vl", choices=("qwen2_vl", "qwen2_5_vl"), help="the demo VLM (on the real "
+                   "SmolLM2) serving image and video prompts, with its padded draft and fitted EAGLE-3 head")  # fmt: skip
     p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help='prompt file: {"turns": [...]} or '
                    '{"prompt": ...} per line, optional "category" and "image" (a path; serves the VLM target)')  # fmt: skip
     p.add_argument("--target", default=None, help="HF target dir (default: SmolLM2, or Qwen2-VL on SmolLM2 for images)")
@@ -153,9 +158,9 @@ def _serving_parser(sub) -> None:
                    "NAME=METHOD:option=value,...: SageConfig fields on the SAGE methods (ragged=sage:ragged_verify=true), "
                    "SGLang flags on any (pd=plain:--min-free-slots-delay=4)")  # fmt: skip
     p.add_argument("--eagle3-head", default=None, help="EAGLE-3 head of the eagle3 methods (default: the bundled "
-                   "SmolLM2 head)")  # fmt: skip
-    p.add_argument("--eagle3-config", default="engine_configs/sglang/smollm2_cpu_sage_eagle3.yaml",
-                   help="SGLang --config of sage-eagle3 (default %(default)s)")  # fmt: skip
+                   "SmolLM2 head, fitted to the --vlm demo for image and video prompts)")  # fmt: skip
+    p.add_argument("--eagle3-config", default=None, help="SGLang --config of sage-eagle3 (default: "
+                   "engine_configs/sglang/smollm2_cpu_sage_eagle3.yaml, or the VLM's --config for media prompts)")  # fmt: skip
     p.add_argument("--url", action="append", default=None, metavar="NAME=URL", help="bench a running server under "
                    "NAME (repeatable): plain=URL / sage=URL instead of launching that method, another name adds one; "
                    "pass its target as --target (prompts use its chat template)")  # fmt: skip
@@ -175,7 +180,7 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
         write_serving_plot,
     )
     from .data.prompts import load_prompt_file, load_prompts, mixed_text_prompts
-    from .engines.vlm import ensure_qwen_vl_smollm2
+    from .engines.vlm import ensure_qwen_vl_eagle3, ensure_qwen_vl_smollm2
     from .models import bundled_draft_dir, bundled_eagle3_dir, ensure_smollm2
     from .runtimes.sglang.cpu_env import server_env
 
@@ -184,26 +189,29 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
     methods = parse_serving_methods(args.methods, eagle3, urls)  # before any server starts
     if args.prompts:
         prompts = load_prompt_file(args.prompts, limit=args.num_prompts)
-    elif args.datasets == "vlm":
-        prompts = load_prompts("vlm", args.num_prompts)
+    elif args.datasets != "text":
+        prompts = load_prompts(args.datasets, args.num_prompts)
     else:
         prompts = mixed_text_prompts(args.num_prompts)
-    images = any(p.image for p in prompts)
-    if images and (args.target is None or args.draft is None):
-        vlm_target, vlm_draft = ensure_qwen_vl_smollm2("qwen2_vl")
+    media = any(p.modality != "text" for p in prompts)
+    if media and (args.target is None or args.draft is None):
+        vlm_target, vlm_draft = ensure_qwen_vl_smollm2(args.vlm)
         target, draft = Path(args.target or vlm_target), Path(args.draft or vlm_draft)
     else:
         target = Path(args.target) if args.target else ensure_smollm2()
         draft = Path(args.draft) if args.draft else bundled_draft_dir()
     if draft is None:
         raise ConfigError("--draft: no bundled draft found; pass a draft model or EAGLE head directory")
-    config = args.config or f"engine_configs/sglang/{'qwen2_vl_smollm2' if images else 'smollm2'}_cpu_sage.yaml"
+    config = args.config or f"engine_configs/sglang/{f'{args.vlm}_smollm2' if media else 'smollm2'}_cpu_sage.yaml"
+    if media and args.eagle3_head is None and eagle3 is not None:  # the bundled head, fitted to the demo VLM
+        eagle3 = ensure_qwen_vl_eagle3(args.vlm)
+    eagle3_config = args.eagle3_config or (config if media else "engine_configs/sglang/smollm2_cpu_sage_eagle3.yaml")
     env = server_env(environ, args.libcuda_dir)
     report = run_serving_bench(
         config=Path(config).resolve(), target=target, draft=draft.resolve(), env=env,
         log_dir=Path(args.log_dir), batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, requests=serving_requests(prompts, target),
-        methods=methods, eagle3=eagle3.resolve() if eagle3 else None, eagle3_config=Path(args.eagle3_config).resolve(),
+        methods=methods, eagle3=eagle3.resolve() if eagle3 else None, eagle3_config=Path(eagle3_config).resolve(),
         urls=urls, warmup=args.warmup, load=args.load, stream_per_slot=args.stream_per_slot,
         length_ratio=args.length_range_ratio, servers=args.servers,
         variants=serving_variants(args.methods, SERVING_METHODS),

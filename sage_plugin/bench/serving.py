@@ -72,22 +72,25 @@ def plain_flags(config: Path) -> list[str]:
 
 
 def serving_requests(prompts: list[Prompt], target: Path) -> list[dict[str, Any]]:
-    """``/generate`` payloads (``text`` and, for a prompt with an image, ``image_data``) of ``prompts``.
+    """``/generate`` payloads (``text`` and, for a prompt with an image or a video, ``image_data`` or ``video_data``)
+    of ``prompts``.
 
     The text is the prompt rendered by the target's own chat template: its tokenizer's for text prompts, its
-    processor's (with the image placeholder where the image goes) for image prompts.
+    processor's (with the image or video placeholder where the medium goes) for the others.
     """
     from transformers import AutoProcessor
 
     tok = load_tokenizer(target)
-    processor = AutoProcessor.from_pretrained(str(target)) if any(p.image for p in prompts) else None
+    media = any(p.modality != "text" for p in prompts)
+    processor = AutoProcessor.from_pretrained(str(target)) if media else None
     out = []
     for p in prompts:
-        if p.image is None:
+        if p.modality == "text":
             out.append({"text": tok.decode(render_chat(tok, p))})
             continue
         text = processor.apply_chat_template(multimodal_messages(p), add_generation_prompt=True, tokenize=False)
-        out.append({"text": text, "image_data": [image_data_url(p.image)]})
+        path = p.video if p.video is not None else p.image
+        out.append({"text": text, f"{p.modality}_data": [image_data_url(path)]})
     return out
 
 

@@ -79,6 +79,7 @@ _CHAT_TEMPLATE = (
     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
     "{% for c in message['content'] %}"
     "{% if c['type'] in ('image', 'image_url') %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif c['type'] in ('video', 'video_url') %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -291,6 +292,9 @@ def ensure_qwen_vl_smollm2(kind: str = "qwen2_vl", cache_dir: Path = DEFAULT_CAC
     its vocabulary, built once under ``cache_dir`` (about a minute each on a 2-core CPU, then reused)."""
     name = {"qwen2_vl": "qwen2-vl-smollm2-135m", "qwen2_5_vl": "qwen2-5-vl-smollm2-135m"}[kind]
     target = build_qwen_vl_smollm2(ensure_smollm2(cache_dir), Path(cache_dir) / name, kind=kind)
+    template = target / "chat_template.jinja"  # a target built before the template placed videos gets it now
+    if template.is_file() and template.read_text() != _CHAT_TEMPLATE:
+        template.write_text(_CHAT_TEMPLATE)
     draft_src = bundled_draft_dir()
     if draft_src is None:
         raise FileNotFoundError("the bundled SmolLM2 draft is missing from the package (sage_plugin/assets/drafts)")

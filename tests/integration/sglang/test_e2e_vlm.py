@@ -6,7 +6,7 @@ vocabulary, reading one placeholder id per image position.  Two servers (plain d
 ``engine_configs/sglang/qwen2_vl_smollm2_cpu_sage.yaml``) get the same requests: bundled licensed images as base64
 ``image_url`` parts in ``/v1/chat/completions``, text-only requests mixed in, two images in one request, and broken
 images.  Greedy outputs must be identical; a bad image is a 400 and the server goes on serving; the KV pool returns
-to its starting size.  Qwen2.5-VL gets the same identity check on fewer prompts.
+to its starting size.  Qwen2.5-VL gets the same identity check on fewer image prompts and on video prompts.
 """
 
 from __future__ import annotations
@@ -143,14 +143,16 @@ def test_a_multimodal_draft_is_refused_before_the_server_starts(launch_env, tmp_
                launch_env, tmp_path / "vlm-draft.log")  # fmt: skip
 
 
-def test_qwen2_5_vl_image_prompts_equal_plain(launch_env, target_dir, tmp_path):
+def test_qwen2_5_vl_image_and_video_prompts_equal_plain(launch_env, target_dir, tmp_path):
     """Qwen2.5-VL with tiers (a probe every 2 steps cycles them): drafted steps and speculation-off steps, whose
     forward runs as a DECODE forward (offstep.py) with the M-RoPE positions of the verify it replaces; drafted steps
-    verify ragged (``--sage-ragged-verify``, off in the VLM configs: the live rows' M-RoPE positions, ragged.py)."""
+    verify ragged (``--sage-ragged-verify``, off in the VLM configs: the live rows' M-RoPE positions, ragged.py).
+    Image prompts and video prompts (bundled 2 s clips as base64 ``video_url`` parts: the draft reads one placeholder
+    id per video position, as per image position)."""
     tiers = ("--sage-tiers", "[[0, 1], [1, 2], [3, 4]]", "--sage-tier-probe-every", "2", "--sage-ragged-verify", "true")
     plain, sage = _start("qwen2_5_vl", launch_env, tmp_path, *tiers)
     try:
-        msgs = [openai_messages(p) for p in load_prompts("vlm", 3)]
+        msgs = [openai_messages(p) for p in load_prompts("vlm", 3) + load_prompts("vlm-video", 2)]
         ref = parallel(lambda m: chat(plain, m), msgs)
         got = parallel(lambda m: chat(sage, m), msgs)
         info = sage.get("/server_info")
@@ -158,6 +160,7 @@ def test_qwen2_5_vl_image_prompts_equal_plain(launch_env, target_dir, tmp_path):
         sage.stop()
         plain.stop()
     assert [answer(g) for g in got] == [answer(r) for r in ref]
+    assert [g["usage"]["prompt_tokens_details"].get("video_tokens", 0) > 0 for g in got] == [False] * 3 + [True] * 2
     state = info["internal_states"][0]["sage"]
     assert state["sage_rounds"] > 0 and state["off_decode_steps"] > 0, state
     ragged = state["ragged_verify"]  # steps verified on their live rows only, some rows dropped

@@ -4,10 +4,13 @@
 The target is the demo Qwen2.5-VL whose language model is the real SmolLM2-135M-Instruct; the draft is the bundled
 SmolLM2 EAGLE-3 head fitted to it (``ensure_qwen_vl_eagle3``: the target's vocabulary size and M-RoPE section).
 ``--speculative-algorithm sage`` must resolve to ``SAGE_EAGLE3``: the target captures three of SmolLM2's layers for
-the head, and the head's prefill reads the target's multimodal embeddings (image rows included) at their M-RoPE
-positions.  Two servers, plain and SAGE (``qwen2_5_vl_smollm2_cpu_sage.yaml`` at SAGE's one largest shape, so every
-step drafts and the accept length measures the head), get the same requests; greedy outputs must be identical, the
-head's drafts must be accepted (accept length above 1), and the KV pool must return to its starting size.
+the head, and the head's prefill reads the target's multimodal embeddings (image and video rows included) at their
+M-RoPE positions.  Two servers, plain and SAGE (``qwen2_5_vl_smollm2_cpu_sage.yaml`` at SAGE's one largest shape, so
+every step drafts and the accept length measures the head), get the same requests: bundled images and clips
+(``vlm-video``: 2 s MP4s, 8 frames at the config's 4 frames a second) as base64 ``image_url`` / ``video_url`` parts
+over the OpenAI API and as ``image_data`` / ``video_data`` over the native one, text requests mixed in.  Greedy
+outputs must be identical, the head's drafts must be accepted (accept length above 1 on image and on video prompts),
+a broken video is a 400 with the server serving on, and the KV pool must return to its starting size.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ import pytest
 
 pytest.importorskip("sglang")
 
-from sage_plugin.bench.serving import parallel, plain_flags  # noqa: E402
+import base64  # noqa: E402
+
+from sage_plugin.bench.serving import parallel, plain_flags, serving_requests  # noqa: E402
 from sage_plugin.data.prompts import load_prompts, mixed_text_prompts, openai_messages  # noqa: E402
 
 from .conftest import REPO, launch_servers  # noqa: E402
-from .mm_client import answer, chat, kv_returns  # noqa: E402
+from .mm_client import answer, chat, kv_returns, post_status  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -45,39 +50,57 @@ def servers(launch_env, target_dir, tmp_path_factory):
     plain.stop()
 
 
-def test_sage_resolves_to_sage_eagle3_and_image_prompts_equal_plain(servers, kv_start):
+def test_sage_resolves_to_sage_eagle3_and_image_video_text_prompts_equal_plain(servers, kv_start):
     plain, sage = servers
-    vlm = [openai_messages(p) for p in load_prompts("vlm", 4)]
-    text = [p.messages for p in mixed_text_prompts(2)]
-    msgs = vlm + text
+    images = [openai_messages(p) for p in load_prompts("vlm", 3)]
+    videos = [openai_messages(p) for p in load_prompts("vlm-video", 3)]
+    text = [p.messages for p in mixed_text_prompts(1)]
+    msgs = images + videos + text
     ref = parallel(lambda m: chat(plain, m), msgs)
     got = parallel(lambda m: chat(sage, m), msgs)
     assert [answer(g) for g in got] == [answer(r) for r in ref]
+    assert all(g["usage"]["prompt_tokens_details"]["video_tokens"] > 0 for g in got[3:6])
     assert sage.get("/server_info")["speculative_algorithm"] == "SAGE_EAGLE3"
     assert "is an EAGLE3 draft head: running as SAGE_EAGLE3" in sage.log.read_text()
 
 
-def test_eagle3_drafts_are_accepted_on_image_prompts(servers, kv_start):
-    """The native ``/generate`` API with ``image_data``: SAGE's per-request summary, and SGLang's accept length
-    above 1 (the head's drafts after an image are accepted, not only the bonus token)."""
-    from transformers import AutoProcessor
-
-    from sage_plugin.data.prompts import image_data_url, multimodal_messages
+def test_eagle3_drafts_are_accepted_on_image_and_video_prompts(servers, kv_start):
+    """The native ``/generate`` API with ``image_data`` / ``video_data``: the same tokens as plain serving, SAGE's
+    per-request summary, and SGLang's accept length above 1 on each modality (the head's drafts after an image or a
+    video are accepted, not only the bonus token)."""
     from sage_plugin.engines.vlm import ensure_qwen_vl_smollm2
 
-    _, sage = servers
-    processor = AutoProcessor.from_pretrained(str(ensure_qwen_vl_smollm2("qwen2_5_vl")[0]))
-    prompts = load_prompts("vlm", 4)
-    texts = [processor.apply_chat_template(multimodal_messages(p), add_generation_prompt=True, tokenize=False)
-             for p in prompts]  # fmt: skip
+    plain, sage = servers
+    prompts = load_prompts("vlm", 5)[3:] + load_prompts("vlm-video", 5)[3:]  # not the first test's
+    payloads = serving_requests(prompts, ensure_qwen_vl_smollm2("qwen2_5_vl")[0])
     params = {"max_new_tokens": 32, "temperature": 0.0, "ignore_eos": True}
-    outs = parallel(lambda i: sage.post("/generate", {"text": texts[i], "sampling_params": params,
-                                                      "image_data": [image_data_url(prompts[i].image)]}), range(4))  # fmt: skip
+    ref = parallel(lambda q: plain.post("/generate", {**q, "sampling_params": params}), payloads)
+    outs = parallel(lambda q: sage.post("/generate", {**q, "sampling_params": params}), payloads)
+    assert [o["output_ids"] for o in outs] == [r["output_ids"] for r in ref]
     for o in outs:
         [summary] = o["meta_info"]["sage"]
         assert summary["rounds"] + summary["off_steps"] == o["meta_info"]["spec_verify_ct"] >= 1
-    accept = [o["meta_info"]["spec_accept_length"] for o in outs]
-    assert sum(accept) / len(accept) > 1.0, accept
+    accept = {p.modality: [] for p in prompts}
+    for p, o in zip(prompts, outs):
+        accept[p.modality].append(o["meta_info"]["spec_accept_length"])
+    assert set(accept) == {"image", "video"} and all(sum(a) / len(a) > 1.0 for a in accept.values()), accept
+
+
+@pytest.mark.parametrize(
+    ("url", "what"),
+    [
+        ("data:video/mp4;base64," + base64.b64encode(b"not a video at all" * 10).decode(), "unreadable bytes"),
+        ("data:video/mp4;base64,@@@not-base64@@@", "broken base64"),
+    ],
+)
+def test_bad_videos_are_a_400_and_the_server_keeps_serving(servers, kv_start, url, what):
+    plain, sage = servers
+    payload = {"model": "default", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "What happens?"}]}]}  # fmt: skip
+    status, body = post_status(sage, payload)
+    assert status == 400, (what, status, body[:500])
+    hello = [{"role": "user", "content": "Say hello."}]
+    assert answer(chat(sage, hello, max_tokens=8)) == answer(chat(plain, hello, max_tokens=8))
 
 
 def test_kv_pool_returns_to_its_starting_free_size(servers, kv_start):
