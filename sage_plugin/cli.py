@@ -126,8 +126,9 @@ def _serving_parser(sub) -> None:
     )  # fmt: skip
     p.add_argument("--datasets", default="text", choices=("text", "vlm", "vlm-video"),
                    help="bundled text, image or video prompts (one modality a run: its rows are that modality's)")  # fmt: skip
-    p.add_argument("--vlm", default="qwen2_vl", choices=("qwen2_vl", "qwen2_5_vl"), help="the demo VLM (on the real "
-                   "SmolLM2) serving image and video prompts, with its padded draft and fitted EAGLE-3 head")  # fmt: skip
+    p.add_argument("--vlm", default="qwen2_vl", choices=("qwen2_vl", "qwen2_5_vl", "llava_ov"), help="the demo VLM "
+                   "(on the real SmolLM2) serving image and video prompts, with its padded draft and (Qwen-VL) fitted "
+                   "EAGLE-3 head; llava_ov takes a video as 8 frames")  # fmt: skip
     p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help='prompt file: {"turns": [...]} or '
                    '{"prompt": ...} per line, optional "category" and "image" (a path; serves the VLM target)')  # fmt: skip
     p.add_argument("--target", default=None, help="HF target dir (default: SmolLM2, or Qwen2-VL on SmolLM2 for images)")
@@ -180,7 +181,7 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
         write_serving_plot,
     )
     from .data.prompts import load_prompt_file, load_prompts, mixed_text_prompts
-    from .engines.vlm import ensure_qwen_vl_eagle3, ensure_qwen_vl_smollm2
+    from .engines.vlm import ensure_vlm_demo
     from .models import bundled_draft_dir, bundled_eagle3_dir, ensure_smollm2
     from .runtimes.sglang.cpu_env import server_env
 
@@ -194,8 +195,10 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
     else:
         prompts = mixed_text_prompts(args.num_prompts)
     media = any(p.modality != "text" for p in prompts)
+    vlm_head = None
+    if media and (args.target is None or args.draft is None or args.eagle3_head is None):
+        vlm_target, vlm_draft, vlm_head = ensure_vlm_demo(args.vlm)
     if media and (args.target is None or args.draft is None):
-        vlm_target, vlm_draft = ensure_qwen_vl_smollm2(args.vlm)
         target, draft = Path(args.target or vlm_target), Path(args.draft or vlm_draft)
     else:
         target = Path(args.target) if args.target else ensure_smollm2()
@@ -204,13 +207,14 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
         raise ConfigError("--draft: no bundled draft found; pass a draft model or EAGLE head directory")
     config = args.config or f"engine_configs/sglang/{f'{args.vlm}_smollm2' if media else 'smollm2'}_cpu_sage.yaml"
     if media and args.eagle3_head is None and eagle3 is not None:  # the bundled head, fitted to the demo VLM
-        eagle3 = ensure_qwen_vl_eagle3(args.vlm)
+        eagle3 = vlm_head
+        methods = parse_serving_methods(args.methods, eagle3, urls)  # llava_ov has none: its EAGLE-3 methods stop here
     eagle3_config = args.eagle3_config or (config if media else "engine_configs/sglang/smollm2_cpu_sage_eagle3.yaml")
     env = server_env(environ, args.libcuda_dir)
     report = run_serving_bench(
         config=Path(config).resolve(), target=target, draft=draft.resolve(), env=env,
         log_dir=Path(args.log_dir), batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
-        max_new_tokens=args.max_new_tokens, repeats=args.repeats, requests=serving_requests(prompts, target),
+        max_new_tokens=args.max_new_tokens, repeats=args.repeats, requests=serving_requests(prompts, target, 8 if media and args.vlm == "llava_ov" else 0),
         methods=methods, eagle3=eagle3.resolve() if eagle3 else None, eagle3_config=Path(eagle3_config).resolve(),
         urls=urls, warmup=args.warmup, load=args.load, stream_per_slot=args.stream_per_slot,
         length_ratio=args.length_range_ratio, servers=args.servers,
@@ -227,18 +231,19 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
 
 
 def _build_vlm_parser(sub) -> None:
-    p = sub.add_parser("build-vlm", help="build the CPU demo VLM (Qwen-VL on SmolLM2) and its padded draft, once")
-    p.add_argument("--kind", default="qwen2_vl", choices=("qwen2_vl", "qwen2_5_vl"))
+    p = sub.add_parser("build-vlm", help="build a CPU demo VLM (Qwen-VL or LLaVA-OV on SmolLM2) and its drafts, once")
+    p.add_argument("--kind", default="qwen2_vl", choices=("qwen2_vl", "qwen2_5_vl", "llava_ov"))
     p.add_argument("--cache-dir", default=None, help="where converted models are cached")
 
 
 def build_vlm_main(args: argparse.Namespace) -> int:
-    """``sage build-vlm``: the target and draft directories for ``--model-path`` / ``--speculative-draft-model-path``."""
-    from .engines.vlm import ensure_qwen_vl_smollm2
+    """``sage build-vlm``: the target and draft directories for ``--model-path`` / ``--speculative-draft-model-path``
+    (and for a Qwen-VL, the bundled EAGLE-3 head fitted to it)."""
+    from .engines.vlm import ensure_vlm_demo
     from .models import DEFAULT_CACHE_DIR
 
-    target, draft = ensure_qwen_vl_smollm2(args.kind, Path(args.cache_dir) if args.cache_dir else DEFAULT_CACHE_DIR)
-    print(f"target: {target}\ndraft:  {draft}")
+    target, draft, head = ensure_vlm_demo(args.kind, Path(args.cache_dir) if args.cache_dir else DEFAULT_CACHE_DIR)
+    print(f"target: {target}\ndraft:  {draft}" + (f"\neagle3: {head}" if head else ""))
     return 0
 
 

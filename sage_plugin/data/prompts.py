@@ -56,6 +56,7 @@ __all__ = [
     "multimodal_messages",
     "openai_messages",
     "render_chat",
+    "video_frame_urls",
 ]
 
 DATASETS: tuple[str, ...] = ("mt_bench", "gsm8k", "humaneval", "vlm", "vlm-video")
@@ -255,18 +256,50 @@ def image_data_url(path: str | Path) -> str:
     return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
 
 
-def openai_messages(prompt: Prompt, images: Sequence[str | Path] = ()) -> list[dict]:
+def openai_messages(
+    prompt: Prompt, images: Sequence[str | Path] = (), video_frames: int = 0, tag_multi_images: bool = False
+) -> list[dict]:
     """``prompt.messages`` for ``/v1/chat/completions``: the last user turn gets a ``video_url`` part for
     ``prompt.video``, then ``image_url`` parts for ``prompt.image`` and ``images`` (base64 data URLs), before its
-    text."""
+    text.
+
+    For LLaVA-OneVision, whose SGLang 0.5.23 processor reads only the first image unless told otherwise:
+    ``tag_multi_images`` marks each of several ``image_url`` parts ``"modalities": "multi-images"``, and
+    ``video_frames=N`` sends the video as N of its frames (:func:`video_frame_urls`), ``image_url`` parts marked
+    ``"modalities": "video"`` (how SGLang takes a LLaVA-OV video)."""
     msgs = [dict(m) for m in prompt.messages]
-    media = [("video_url", prompt.video)] if prompt.video is not None else []
-    media += [("image_url", p) for p in ([prompt.image] if prompt.image is not None else []) + list(images)]
-    if media:
+    parts: list[dict] = []
+    if prompt.video is not None and video_frames:
+        parts = [{"type": "image_url", "image_url": {"url": u}, "modalities": "video"}
+                 for u in video_frame_urls(prompt.video, video_frames)]  # fmt: skip
+    elif prompt.video is not None:
+        parts = [{"type": "video_url", "video_url": {"url": image_data_url(prompt.video)}}]
+    paths = ([prompt.image] if prompt.image is not None else []) + list(images)
+    extra = {"modalities": "multi-images"} if tag_multi_images and len(paths) > 1 else {}
+    parts += [{"type": "image_url", "image_url": {"url": image_data_url(p)}, **extra} for p in paths]
+    if parts:
         last_user = max(i for i, m in enumerate(msgs) if m.get("role") == "user")
-        parts = [{"type": kind, kind: {"url": image_data_url(p)}} for kind, p in media]
         msgs[last_user]["content"] = [*parts, {"type": "text", "text": msgs[last_user]["content"]}]
     return msgs
+
+
+def video_frame_urls(path: str | Path, num_frames: int) -> list[str]:
+    """``num_frames`` frames of the video at ``path``, evenly spaced from the first to the last, as PNG ``data:``
+    URLs (decoded with torchcodec, which needs FFmpeg's libraries: ``tools/setup.sh``)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from torchcodec.decoders import VideoDecoder
+
+    decoder = VideoDecoder(str(path), dimension_order="NHWC")
+    idx = np.linspace(0, len(decoder) - 1, num_frames).round().astype(int).tolist()
+    urls = []
+    for frame in decoder.get_frames_at(idx).data.numpy():
+        buf = io.BytesIO()
+        Image.fromarray(frame).save(buf, format="PNG")
+        urls.append("data:image/png;base64," + base64.b64encode(buf.getvalue()).decode())
+    return urls
 
 
 def _as_int_list(out: Any) -> list[int]:

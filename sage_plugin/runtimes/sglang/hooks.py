@@ -1,5 +1,6 @@
-"""The only place SAGE patches SGLang: twelve ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
-CPU linear layers, CPU tensor parallelism, CPU overlap scheduling, the CPU ragged verify's lengths).
+"""The only place SAGE patches SGLang: fifteen ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
+CPU linear layers, CPU tensor parallelism, CPU overlap scheduling, the CPU ragged verify's lengths, LLaVA-OV's
+sub-configs, dtypes and verify forwards: :mod:`.llava_compat`).
 
 SGLang 0.5.23 has no API for plugin-owned command-line flags (``docs/sglang.md``, "Flags"),
 so the plugin wraps the two functions of its parse path.  Each hook has an entry in ``patches/INDEX.md``;
@@ -70,6 +71,7 @@ import logging
 from contextvars import ContextVar
 from typing import Any, Callable
 
+from . import llava_compat as llava
 from .args import STASH_ATTR, SageCliArgs, add_sage_arguments
 
 __all__ = [
@@ -375,6 +377,9 @@ HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = (
     (INIT_MODEL_PARALLEL_GROUP, init_model_parallel_group),
     (GATHER_SPEC_EXTRAS, gather_spec_extras),
     (AMX_EXTEND_METADATA, amx_extend_metadata),
+    (llava.LLAVA_QWEN_INIT, llava.llava_qwen_init),
+    (llava.LLAVA_LOAD_WEIGHTS, llava.llava_load_weights),
+    (llava.LLAVA_FORWARD, llava.llava_forward),
 )
 HOOK_TARGETS: tuple[str, ...] = tuple(target for target, _ in HOOKS)
 

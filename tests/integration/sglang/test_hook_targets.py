@@ -30,6 +30,7 @@ from sage_plugin.runtimes.sglang.hooks import (  # noqa: E402
     UNQUANTIZED_LINEAR,
     VERIFY_USES_GREEDY,
 )
+from sage_plugin.runtimes.sglang.llava_compat import LLAVA_FORWARD, LLAVA_LOAD_WEIGHTS, LLAVA_QWEN_INIT  # noqa: E402
 
 INDEX = Path(__file__).resolve().parents[3] / "patches" / "INDEX.md"
 
@@ -46,6 +47,9 @@ HOOK_SHAPES = {
     UNQUANTIZED_LINEAR: (None, ["self", "layer", "x", "bias"]),
     GATHER_SPEC_EXTRAS: (None, ["indices", "topk_p_buf", "topk_index_buf", "output_tokens_buf", "hidden_states_buf"]),
     AMX_EXTEND_METADATA: (None, ["self", "forward_batch"]),
+    LLAVA_QWEN_INIT: (None, ["self", "config", "quant_config", "prefix"]),
+    LLAVA_LOAD_WEIGHTS: (None, ["self", "weights"]),
+    LLAVA_FORWARD: (None, ["self", "input_ids", "positions", "forward_batch"]),
     INIT_MODEL_PARALLEL_GROUP: (
         None,
         [
