@@ -17,11 +17,11 @@ import pytest
 
 pytest.importorskip("sglang")
 
-from sage_plugin.bench.serving import Server, parallel, plain_flags  # noqa: E402
+from sage_plugin.bench.serving import Server, parallel  # noqa: E402
 from sage_plugin.data.prompts import load_prompts, mixed_text_prompts, openai_messages  # noqa: E402
 
-from .conftest import REPO, launch_servers  # noqa: E402
-from .mm_client import answer, chat, kv_returns, post_status  # noqa: E402
+from .conftest import REPO  # noqa: E402
+from .mm_client import answer, bad_media, chat, kv_returns, launch_pair, serving_pair  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -31,26 +31,15 @@ CONFIGS = {
 }
 
 
-def _start(kind: str, launch_env, logs, *extra: str):
+def _models(kind: str):
     from sage_plugin.engines.vlm import ensure_qwen_vl_smollm2
 
-    target, draft = ensure_qwen_vl_smollm2(kind)
-    config = CONFIGS[kind]
-    plain, sage = launch_servers(
-        launch_env,
-        (["--model-path", str(target), *plain_flags(config)], logs / f"{kind}-plain.log"),
-        (["--config", str(config), "--model-path", str(target), "--speculative-draft-model-path", str(draft), *extra],
-         logs / f"{kind}-sage.log"),
-    )  # fmt: skip
-    return plain, sage
+    return (CONFIGS[kind], *ensure_qwen_vl_smollm2(kind))
 
 
 @pytest.fixture(scope="module")
 def servers(launch_env, target_dir, tmp_path_factory):
-    plain, sage = _start("qwen2_vl", launch_env, tmp_path_factory.mktemp("vlm_logs"))
-    yield plain, sage
-    sage.stop()
-    plain.stop()
+    yield from serving_pair(launch_env, tmp_path_factory.mktemp("vlm_logs"), *_models("qwen2_vl"))
 
 
 def test_image_prompts_equal_plain_serving(servers, kv_start):
@@ -115,13 +104,9 @@ def test_sage_rounds_and_acceptance_on_image_prompts(servers, kv_start):
     ],
 )
 def test_bad_images_are_a_400_and_the_server_keeps_serving(servers, kv_start, url, what):
-    plain, sage = servers
-    payload = {"model": "default", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is this?"}]}]}  # fmt: skip
-    status, body = post_status(sage, payload)
+    status, body, after, plain_after = bad_media(*servers, {"type": "image_url", "image_url": {"url": url}})
     assert status == 400, (what, status, body[:500])
-    ok = chat(sage, [{"role": "user", "content": "Say hello."}], max_tokens=8)
-    assert answer(ok) == answer(chat(plain, [{"role": "user", "content": "Say hello."}], max_tokens=8))
+    assert after == plain_after
 
 
 def test_kv_pool_returns_to_its_starting_free_size(servers, kv_start):
@@ -150,7 +135,7 @@ def test_qwen2_5_vl_image_and_video_prompts_equal_plain(launch_env, target_dir, 
     Image prompts and video prompts (bundled 2 s clips as base64 ``video_url`` parts: the draft reads one placeholder
     id per video position, as per image position)."""
     tiers = ("--sage-tiers", "[[0, 1], [1, 2], [3, 4]]", "--sage-tier-probe-every", "2", "--sage-ragged-verify", "true")
-    plain, sage = _start("qwen2_5_vl", launch_env, tmp_path, *tiers)
+    plain, sage = launch_pair(launch_env, tmp_path, *_models("qwen2_5_vl"), *tiers)
     try:
         msgs = [openai_messages(p) for p in load_prompts("vlm", 3) + load_prompts("vlm-video", 2)]
         ref = parallel(lambda m: chat(plain, m), msgs)

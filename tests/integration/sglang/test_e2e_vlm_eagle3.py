@@ -21,11 +21,11 @@ pytest.importorskip("sglang")
 
 import base64  # noqa: E402
 
-from sage_plugin.bench.serving import parallel, plain_flags, serving_requests  # noqa: E402
+from sage_plugin.bench.serving import parallel, serving_requests  # noqa: E402
 from sage_plugin.data.prompts import load_prompts, mixed_text_prompts, openai_messages  # noqa: E402
 
-from .conftest import REPO, launch_servers  # noqa: E402
-from .mm_client import answer, chat, kv_returns, post_status  # noqa: E402
+from .conftest import REPO  # noqa: E402
+from .mm_client import answer, bad_media, chat, kv_returns, serving_pair  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -39,15 +39,7 @@ def servers(launch_env, target_dir, tmp_path_factory):
     target, _ = ensure_qwen_vl_smollm2("qwen2_5_vl")
     head = ensure_qwen_vl_eagle3("qwen2_5_vl")
     logs = tmp_path_factory.mktemp("vlm_eagle3_logs")
-    plain, sage = launch_servers(
-        launch_env,
-        (["--model-path", str(target), *plain_flags(CONFIG)], logs / "plain.log"),
-        (["--config", str(CONFIG), "--model-path", str(target), "--speculative-draft-model-path", str(head),
-          "--sage-tiers", "[]"], logs / "sage.log"),
-    )  # fmt: skip
-    yield plain, sage
-    sage.stop()
-    plain.stop()
+    yield from serving_pair(launch_env, logs, CONFIG, target, head, "--sage-tiers", "[]")
 
 
 def test_sage_resolves_to_sage_eagle3_and_image_video_text_prompts_equal_plain(servers, kv_start):
@@ -62,6 +54,19 @@ def test_sage_resolves_to_sage_eagle3_and_image_video_text_prompts_equal_plain(s
     assert all(g["usage"]["prompt_tokens_details"]["video_tokens"] > 0 for g in got[3:6])
     assert sage.get("/server_info")["speculative_algorithm"] == "SAGE_EAGLE3"
     assert "is an EAGLE3 draft head: running as SAGE_EAGLE3" in sage.log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("url", "what"),
+    [
+        ("data:video/mp4;base64," + base64.b64encode(b"not a video at all" * 10).decode(), "unreadable bytes"),
+        ("data:video/mp4;base64,@@@not-base64@@@", "broken base64"),
+    ],
+)
+def test_bad_videos_are_a_400_and_the_server_keeps_serving(servers, kv_start, url, what):
+    status, body, after, plain_after = bad_media(*servers, {"type": "video_url", "video_url": {"url": url}})
+    assert status == 400, (what, status, body[:500])
+    assert after == plain_after
 
 
 def test_eagle3_drafts_are_accepted_on_image_and_video_prompts(servers, kv_start):
@@ -84,23 +89,6 @@ def test_eagle3_drafts_are_accepted_on_image_and_video_prompts(servers, kv_start
     for p, o in zip(prompts, outs):
         accept[p.modality].append(o["meta_info"]["spec_accept_length"])
     assert set(accept) == {"image", "video"} and all(sum(a) / len(a) > 1.0 for a in accept.values()), accept
-
-
-@pytest.mark.parametrize(
-    ("url", "what"),
-    [
-        ("data:video/mp4;base64," + base64.b64encode(b"not a video at all" * 10).decode(), "unreadable bytes"),
-        ("data:video/mp4;base64,@@@not-base64@@@", "broken base64"),
-    ],
-)
-def test_bad_videos_are_a_400_and_the_server_keeps_serving(servers, kv_start, url, what):
-    plain, sage = servers
-    payload = {"model": "default", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": [
-        {"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "What happens?"}]}]}  # fmt: skip
-    status, body = post_status(sage, payload)
-    assert status == 400, (what, status, body[:500])
-    hello = [{"role": "user", "content": "Say hello."}]
-    assert answer(chat(sage, hello, max_tokens=8)) == answer(chat(plain, hello, max_tokens=8))
 
 
 def test_kv_pool_returns_to_its_starting_free_size(servers, kv_start):
