@@ -11,7 +11,7 @@ With SGLang installed (``tools/setup.sh --sglang``) on a machine without an NVID
 test imports SGLang: it loads that library into this process (the loader then resolves ``sgl_kernel``'s
 dependency to it), puts its directory on ``LD_LIBRARY_PATH`` for the servers the tests launch, and selects
 SGLang's CPU engine.  So README's single test command also runs the SGLang tier.  ``HF_HUB_OFFLINE`` is set for the
-whole session (below).
+whole test run (below).
 """
 
 from __future__ import annotations
@@ -34,7 +34,11 @@ REPO = Path(__file__).resolve().parent
 
 collect_ignore: list[str] = []
 if importlib.util.find_spec("sglang") is None:
-    collect_ignore += ["sage_plugin/runtimes/sglang/algo.py", "sage_plugin/runtimes/sglang/worker.py"]
+    collect_ignore += [
+        "sage_plugin/runtimes/sglang/algo.py",
+        "sage_plugin/runtimes/sglang/draft_worker.py",
+        "sage_plugin/runtimes/sglang/worker.py",
+    ]
 elif ctypes.util.find_library("cuda") is None and (lib := unpacked_libcuda(REPO / ".sglang-libcuda")) is not None:
     ctypes.CDLL(str(lib / "libcuda.so.1"), mode=ctypes.RTLD_GLOBAL)
     os.environ.update(cpu_launch_env(os.environ, lib))

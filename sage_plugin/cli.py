@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
-import platform
 import sys
 from pathlib import Path
 
 import yaml
 
+from .cli_serving import serving_parser
 from .config import ConfigError, SageConfig
 
 logger = logging.getLogger("sage_plugin")
@@ -34,7 +33,7 @@ def _bench_parser(sub) -> None:
         "--methods",
         default=None,
         help="comma list of ar, chain, static, eagle2, topn, sage, sage-paper, static-tuned (the fastest fixed tree "
-        "on this device, timed before the run), named ablations (README) and variants "
+        "on this device, timed before the run), named ablations (docs/user-guide/bench.md) and variants "
         "NAME=POLICY:k=v,k=v (default: ar,chain,static,eagle2,sage,sage-paper)",
     )
     p.add_argument(
@@ -118,118 +117,6 @@ def bench_main(args: argparse.Namespace) -> int:
     return run_bench(opts, base, methods)
 
 
-def _serving_parser(sub) -> None:
-    p = sub.add_parser("bench-serving", help="SGLang serving: SAGE vs plain decoding, side by side (needs sglang)")
-    p.add_argument(
-        "--config", default=None, help="SGLang --config YAML (default: engine_configs/sglang/smollm2_cpu_sage.yaml, "
-        "or the --vlm demo's <vlm>_smollm2_cpu_sage.yaml for image and video prompts)",
-    )  # fmt: skip
-    p.add_argument("--datasets", default="text", choices=("text", "vlm", "vlm-video"),
-                   help="bundled text, image or video prompts (one modality a run: its rows are that modality's)")  # fmt: skip
-    p.add_argument("--vlm", default="qwen2_vl", choices=("qwen2_vl", "qwen2_5_vl", "llava_ov"), help="the demo VLM "
-                   "(on the real SmolLM2) serving image and video prompts, with its padded draft and (Qwen-VL) fitted "
-                   "EAGLE-3 head; llava_ov takes a video as 8 frames")  # fmt: skip
-    p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help='prompt file: {"turns": [...]} or '
-                   '{"prompt": ...} per line, optional "category" and "image" (a path; serves the VLM target)')  # fmt: skip
-    p.add_argument("--target", default=None, help="HF target dir (default: SmolLM2, or Qwen2-VL on SmolLM2 for images)")
-    p.add_argument("--draft", default=None, help="draft dir or EAGLE head (default: the bundled SmolLM2 draft)")
-    p.add_argument("--batch-sizes", default="1,8", help="comma list of concurrent requests per batch")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3, help="batches per batch size (server order alternates)")
-    p.add_argument("--servers", default="together", choices=("together", "alternate"), help="together: every "
-                   "method's server up at once, serving in turn; alternate: one server at a time, a fresh process "
-                   "per method and repeat (a process that runs slow for its whole life moves one repeat, not "
-                   "every figure of its method)")  # fmt: skip
-    p.add_argument("--warmup", type=int, default=1, help="unmeasured batches per batch size on every server first "
-                   "(one-off costs at a new size: first kernels, SAGE's tier measurements there)")  # fmt: skip
-    p.add_argument("--load", default="batch", choices=("batch", "stream"), help="batch: each repeat sends B "
-                   "requests at once, timed until the last returns; stream: each repeat sends --stream-per-slot x B "
-                   "requests through B closed-loop client slots (continuous batching at concurrency B)")  # fmt: skip
-    p.add_argument("--stream-per-slot", type=int, default=4, help="with --load stream: requests per client slot")
-    p.add_argument("--length-range-ratio", type=float, default=1.0, help="each prompt's output cap drawn from [R, 1] "
-                   "x --max-new-tokens (the same on every server; like SGLang bench_serving's --random-range-ratio): "
-                   "requests of different lengths do not finish in lockstep (default 1: every cap the same)")  # fmt: skip
-    p.add_argument("--num-prompts", type=int, default=16, help="prompts to draw batches from")
-    p.add_argument("--libcuda-dir", default=".sglang-libcuda", help="where tools/setup_sglang.sh unpacked libcuda")
-    p.add_argument("--log-dir", default="out/bench-serving", help="server logs")
-    p.add_argument("--methods", default="plain,sage", help="comma list of plain, sage, standalone (SGLang's chain "
-                   "with the same draft), standalone-tree (SGLang's STANDALONE at SAGE's sizes), sage-single (SAGE without "
-                   "--sage-tiers), eagle3 (SGLang's EAGLE-3 static tree), eagle3-adaptive (SGLang's "
-                   "--speculative-adaptive EAGLE-3), sage-eagle3 (SAGE over the EAGLE-3 head), and variants "
-                   "NAME=METHOD:option=value,...: SageConfig fields on the SAGE methods (ragged=sage:ragged_verify=true), "
-                   "SGLang flags on any (pd=plain:--min-free-slots-delay=4)")  # fmt: skip
-    p.add_argument("--eagle3-head", default=None, help="EAGLE-3 head of the eagle3 methods (default: the bundled "
-                   "SmolLM2 head, fitted to the --vlm demo for image and video prompts)")  # fmt: skip
-    p.add_argument("--eagle3-config", default=None, help="SGLang --config of sage-eagle3 (default: "
-                   "engine_configs/sglang/smollm2_cpu_sage_eagle3.yaml, or the VLM's --config for media prompts)")  # fmt: skip
-    p.add_argument("--url", action="append", default=None, metavar="NAME=URL", help="bench a running server under "
-                   "NAME (repeatable): plain=URL / sage=URL instead of launching that method, another name adds one; "
-                   "pass its target as --target (prompts use its chat template)")  # fmt: skip
-    p.add_argument("--json", default=None, help="write the report as JSON")
-    p.add_argument("--plots", default=None, metavar="DIR", help="write serving_tok_s.png")
-
-
-def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
-    from .bench.serving import (
-        SERVING_METHODS,
-        format_table,
-        parse_serving_methods,
-        parse_urls,
-        run_serving_bench,
-        serving_requests,
-        serving_variants,
-        write_serving_plot,
-    )
-    from .data.prompts import load_prompt_file, load_prompts, mixed_text_prompts
-    from .engines.vlm import ensure_vlm_demo
-    from .models import bundled_draft_dir, bundled_eagle3_dir, ensure_smollm2
-    from .runtimes.sglang.cpu_env import server_env
-
-    eagle3 = Path(args.eagle3_head) if args.eagle3_head else bundled_eagle3_dir()
-    urls = parse_urls(args.url)
-    methods = parse_serving_methods(args.methods, eagle3, urls)  # before any server starts
-    if args.prompts:
-        prompts = load_prompt_file(args.prompts, limit=args.num_prompts)
-    elif args.datasets != "text":
-        prompts = load_prompts(args.datasets, args.num_prompts)
-    else:
-        prompts = mixed_text_prompts(args.num_prompts)
-    media = any(p.modality != "text" for p in prompts)
-    vlm_head = None
-    if media and (args.target is None or args.draft is None or args.eagle3_head is None):
-        vlm_target, vlm_draft, vlm_head = ensure_vlm_demo(args.vlm)
-    if media and (args.target is None or args.draft is None):
-        target, draft = Path(args.target or vlm_target), Path(args.draft or vlm_draft)
-    else:
-        target = Path(args.target) if args.target else ensure_smollm2()
-        draft = Path(args.draft) if args.draft else bundled_draft_dir()
-    if draft is None:
-        raise ConfigError("--draft: no bundled draft found; pass a draft model or EAGLE head directory")
-    config = args.config or f"engine_configs/sglang/{f'{args.vlm}_smollm2' if media else 'smollm2'}_cpu_sage.yaml"
-    if media and args.eagle3_head is None and eagle3 is not None:  # the bundled head, fitted to the demo VLM
-        eagle3 = vlm_head
-        methods = parse_serving_methods(args.methods, eagle3, urls)  # llava_ov has none: its EAGLE-3 methods stop here
-    eagle3_config = args.eagle3_config or (config if media else "engine_configs/sglang/smollm2_cpu_sage_eagle3.yaml")
-    env = server_env(environ, args.libcuda_dir)
-    report = run_serving_bench(
-        config=Path(config).resolve(), target=target, draft=draft.resolve(), env=env,
-        log_dir=Path(args.log_dir), batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
-        max_new_tokens=args.max_new_tokens, repeats=args.repeats, requests=serving_requests(prompts, target, 8 if media and args.vlm == "llava_ov" else 0),
-        methods=methods, eagle3=eagle3.resolve() if eagle3 else None, eagle3_config=Path(eagle3_config).resolve(),
-        urls=urls, warmup=args.warmup, load=args.load, stream_per_slot=args.stream_per_slot,
-        length_ratio=args.length_range_ratio, servers=args.servers,
-        variants=serving_variants(args.methods, SERVING_METHODS),
-    )  # fmt: skip
-    report["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
-    report["prompts"] = args.prompts or args.datasets
-    print(format_table(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
-    if args.plots:
-        print(f"wrote {write_serving_plot(report, Path(args.plots))}")
-    return 0 if all(r["identical"] for r in report["rows"]) else 1
-
-
 def _build_vlm_parser(sub) -> None:
     p = sub.add_parser("build-vlm", help="build a CPU demo VLM (Qwen-VL or LLaVA-OV on SmolLM2) and its drafts, once")
     p.add_argument("--kind", default="qwen2_vl", choices=("qwen2_vl", "qwen2_5_vl", "llava_ov"))
@@ -279,7 +166,7 @@ def calibrate_main(args: argparse.Namespace) -> int:
     table, n = calibrate(setup.engine, setup.requests, params, base.k, args.alpha_bins, args.prob_bins)
     header = (f"SAGE calibration (sage calibrate): draft {setup.draft_desc}\ntarget {setup.target_desc}\n"
               f"{n} top-{base.k} candidates from {len(setup.requests)} prompts x {opts.new_tokens} tokens; rows: "
-              f"alpha bins, columns: draft-probability bins (docs/algorithm.md)")  # fmt: skip
+              f"alpha bins, columns: draft-probability bins (docs/design/algorithm.md)")  # fmt: skip
     write_calibration(args.out, table, header)
     print("\n".join(" ".join(f"{v:.3f}" for v in row) for row in table))
     print(f"wrote {args.out} ({n} candidates)")
@@ -288,7 +175,9 @@ def calibrate_main(args: argparse.Namespace) -> int:
 
 def _trtllm_serve_parser(sub) -> None:
     p = sub.add_parser("trtllm-serve", help="TensorRT-LLM's OpenAI server with SAGE (needs tensorrt_llm and a GPU)")
-    p.add_argument("--config", required=True, help="SAGE launch YAML (engine_configs/trtllm/, docs/trtllm.md)")
+    p.add_argument(
+        "--config", required=True, help="SAGE launch YAML (engine_configs/trtllm/, docs/user-guide/trtllm.md)"
+    )
     p.add_argument("--model", default=None, help="target model (overrides the file's model)")
     p.add_argument("--host", default=None, help="overrides serve.host")
     p.add_argument("--port", type=int, default=None, help="overrides serve.port")
@@ -318,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     from .train.draft import add_train_args
 
     add_train_args(sub.add_parser("train-draft", help="distil a draft model for a target (resumable; CPU or CUDA)"))
-    _serving_parser(sub)
+    serving_parser(sub)
     _build_vlm_parser(sub)
     _trtllm_serve_parser(sub)
     _calibrate_parser(sub)
@@ -328,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             return bench_main(args)
         if args.command == "bench-serving":
+            from .cli_serving import serving_main
+
             return serving_main(args, dict(os.environ))
         if args.command == "build-vlm":
             return build_vlm_main(args)

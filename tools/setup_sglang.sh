@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the `[sglang]` extra (sglang==0.5.23, about 8-11 GB, 3-5 min) into a virtualenv, and on a machine
 # without an NVIDIA driver fetch the user-space driver library libcuda.so.1 that the CUDA-built
-# `sgl_kernel` links, so that SGLang's CPU path imports (docs/sglang.md).
+# `sgl_kernel` links, so that SGLang's CPU path imports (docs/user-guide/serving-sglang.md).
 #
 #   tools/setup_sglang.sh [VENV] [LIBCUDA_DIR]      defaults: .venv  .sglang-libcuda (git-ignored)
 #   source .sglang-libcuda/env.sh                   before `python -m sglang.launch_server --device cpu ...`
@@ -103,4 +103,4 @@ fi
 # --- 3. check --------------------------------------------------------------------------------------------
 [ -z "$LIB_PATH" ] || export LD_LIBRARY_PATH=$LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 "$V/python" -W ignore -c 'import sglang, sgl_kernel, torch; print("[setup_sglang] ok: sglang", sglang.__version__, "| torch", torch.__version__, "| cuda available:", torch.cuda.is_available())'
-[ -z "$LIB_PATH" ] || log "CPU serving: source $LIBCUDA_DIR/env.sh, then python -m sglang.launch_server --device cpu ... (see docs/sglang.md)"
+[ -z "$LIB_PATH" ] || log "CPU serving: source $LIBCUDA_DIR/env.sh, then python -m sglang.launch_server --device cpu ... (see docs/user-guide/serving-sglang.md)"

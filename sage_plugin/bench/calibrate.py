@@ -4,7 +4,7 @@ Plain decoding produces the target's own continuations of some prompts; one teac
 prompt + continuation gives, at every generated position, the draft's top-k candidates, their probabilities and the
 confidence alpha of the distribution they came from; a candidate counts as accepted where it equals the target's
 token.  :func:`~sage_plugin.core.calibration.fit_calibration` turns those into the table
-(``docs/algorithm.md``, "Calibrated path values").
+(``docs/design/algorithm.md``, "Calibrated path values").
 """
 
 from __future__ import annotations

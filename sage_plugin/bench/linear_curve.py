@@ -9,7 +9,7 @@ Two measurements, every product interleaved per repeat so that the machine's dri
 * **forward**: the whole HF target over ``M`` new tokens after a 200-token context (KV cache), with every linear layer
   set to ``F.linear``, to weight-major, and to :func:`sage_plugin.core.linear.linear` (the rule every consumer takes).
 
-The figures in ``core/linear.py`` come from this module::
+``docs/benchmarks.md`` ("Linear layers by rows") shows its output::
 
     python -m sage_plugin.bench.linear_curve --rows 1,2,3,4,6,8,12,16,24,32 --repeats 9
 """

@@ -31,7 +31,7 @@ __all__ = ["MethodSpec", "parse_method", "parse_methods", "DEFAULT_METHODS", "AB
 #: ``rerank_pool="kept"``), the setting the baselines use.
 DEFAULT_METHODS = ("ar", "chain", "static", "eagle2", "sage", "sage-paper")
 
-#: Named ablations (docs/algorithm.md: the components and the open points), usable as ``--methods`` entries.
+#: Named ablations (docs/design/algorithm.md: the components and the open points), usable as ``--methods`` entries.
 ABLATIONS: dict[str, str] = {
     "sage-paper": "sage:node_budget=fixed,rerank_pool=kept",
     "sage-kept": "sage:rerank_pool=kept",  # the tree SAGE's levels keep, cut to the device (no beam pool)
@@ -42,7 +42,7 @@ ABLATIONS: dict[str, str] = {
     "sage-path-alpha": "sage:alpha_source=path_mean",
     "sage-ceil": "sage:rounding=ceil",
     "sage-floor": "sage:rounding=floor",
-    "sage-theta-joint": "sage:threshold_on=joint",  # the paper's formal rule (open point 4, see config.py)
+    "sage-theta-joint": "sage:threshold_on=joint",  # the paper's formal rule (open point 4, see sage_plugin/config)
     "sage-no-top1": "sage:keep_top1=false",
     "sage-planned": "sage:topology=planned",
     "sage-history-relative": "sage:history_mode=relative",  # thresholds relative to the draft's running mean
@@ -52,7 +52,7 @@ ABLATIONS: dict[str, str] = {
     "sage-unpadded": "sage:pad_forwards=false",  # forwards at their own size, priced by the running maximum
     "sage-dcap8": "sage:d_cap=8",
     "sage-dcap12": "sage:d_cap=12",
-    "sage-beam10": "sage:beam_depth=10",  # the beam to level 10 (its depth before stop 48: d_cap's)
+    "sage-beam10": "sage:beam_depth=10",  # the beam to level 10 (d_cap's default: beam_depth against d_cap)
     "sage-nmax32": "sage:n_max=32",
     "sage-nmax96": "sage:n_max=96",
     # SAGE verifying at most as many nodes as the static tree (mc_sim_7b_63: 25): tau at an equal node budget

@@ -1,6 +1,6 @@
 """``sage bench`` runner: every method on the same prompts, timed side by side.
 
-Protocol (as in EAGLE, Spec-Bench and SpecVLM; ``docs/algorithm.md``, "Baselines"):
+Protocol (as in EAGLE, Spec-Bench and SpecVLM; ``docs/design/algorithm.md``, "Baselines"):
 
 * Greedy by default; ``temperature > 0`` switches every method (and ``ar``) to sampling.
 * Warm-up: one short generation per method before timing.

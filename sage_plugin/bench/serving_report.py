@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["format_table", "write_serving_plot"]
+__all__ = ["format_load_table", "format_table", "write_load_plots", "write_serving_plot"]
 
 
 def _load_line(report: dict[str, Any]) -> str:
@@ -79,3 +79,76 @@ def write_serving_plot(report: dict[str, Any], out_dir: Path) -> Path:
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def _load_label(row: dict[str, Any]) -> str:
+    """``c4`` as "concurrency 4", ``r0.5`` as "Poisson 0.5/s"."""
+    return (
+        f"concurrency {row['concurrency']}" if row["concurrency"] is not None else f"Poisson {row['request_rate']:g}/s"
+    )
+
+
+def format_load_table(report: dict[str, Any]) -> str:
+    """Markdown table of :func:`~.loadgen_run.run_loadgen_bench`'s report (ratios: over ``plain`` at the same load)."""
+    lines = [
+        f"SGLang serving through SGLang's load generator (sglang.benchmark.serving), greedy, dataset "
+        f"{report['dataset']} ({report.get('prompts') or '-'}), {report['num_prompts']} prompts per load, output cap {report['max_new_tokens']} tokens "
+        f"(stops at EOS), {report['repeats']} repeat(s), one server at a time (draft: {report['draft']})",
+        "",
+        "| load | method | tok/s | vs plain | per repeat | TPOT ms median / p99 | TPOT vs plain | TTFT ms median / p99 "
+        "| accept length | alpha | D | W | off share | identical |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
+    ]
+
+    def f(x: float | None, fmt: str = ".2f") -> str:
+        return "-" if x is None else format(x, fmt)
+
+    for r in report["rows"]:
+        reps = [x for x in r["speedup_repeats"] if x is not None]
+        per = f"{min(reps):.2f}-{max(reps):.2f}x" if reps else "-"
+        same = f"{r['identical']}/{r['outputs']}" + ("" if r["identical"] == r["outputs"] else " NO")
+        lines.append(
+            f"| {_load_label(r)} | {r['method']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | {per} "
+            f"| {r['median_tpot_ms']:.1f} / {r['p99_tpot_ms']:.1f} | {f(r['tpot_vs_plain'])} "
+            f"| {r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} | {f(r['accept_length'])} | {f(r['mean_alpha'])} "
+            f"| {f(r['mean_depth'])} | {f(r['mean_width'])} | {f(r['off_share'])} | {same} |"
+        )
+    return "\n".join(lines)
+
+
+def write_load_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
+    """``serving_tok_s.png`` (output tokens/s) and ``serving_tpot.png`` (median TPOT) against the max concurrency, one
+    line per method; a Poisson load is a marker past the largest concurrency, labelled with its rate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    closed = sorted({r["concurrency"] for r in report["rows"] if r["concurrency"] is not None}) or [1]
+    rates = sorted({r["request_rate"] for r in report["rows"] if r["concurrency"] is None})
+    x_of = {("c", c): c for c in closed} | {("r", q): closed[-1] * 2 ** (i + 1) for i, q in enumerate(rates)}
+    paths = []
+    for key, label, name in (("tok_s", "output tokens/s", "serving_tok_s.png"),
+                             ("median_tpot_ms", "median TPOT (ms)", "serving_tpot.png")):  # fmt: skip
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for m in report["methods"]:
+            rows = [r for r in report["rows"] if r["method"] == m]
+            loop = [r for r in rows if r["concurrency"] is not None]
+            line = ax.plot([r["concurrency"] for r in loop], [r[key] for r in loop], marker="o", label=m)
+            color = line[0].get_color() if line else None
+            poisson = [r for r in rows if r["concurrency"] is None]  # open loads: markers, not joined to the rest
+            ax.scatter(
+                [x_of["r", r["request_rate"]] for r in poisson], [r[key] for r in poisson], marker="s", color=color
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(x_of.values()), [str(c) for c in closed] + [f"{q:g}/s" for q in rates])
+        ax.set_xlabel("max concurrency, then Poisson request rates (SGLang load generator)")
+        ax.set_ylabel(label)
+        ax.set_title(f"SGLang serving, {report.get('prompts') or report['dataset']} prompts, one server at a time")
+        ax.legend(fontsize=8)
+        path = out_dir / name
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(path)
+    return paths

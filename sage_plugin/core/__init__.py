@@ -26,7 +26,7 @@ bonus
 emitted
     The tokens a round appends to the output: the accepted draft tokens, then the bonus.
 
-Modules (``docs/architecture.md`` maps each rule to its function and oracle): :mod:`.entropy` (Eq. 7-9),
+Modules (``docs/design/architecture.md`` maps each rule to its function and oracle): :mod:`.entropy` (Eq. 7-9),
 :mod:`.tree` (layout, masks, positions, SGLang index arrays, tree_choices), :mod:`.expand` (the pool / frontier
 machinery), :mod:`.shape` (the SAGE shape rules, Eq. 9-12), :mod:`.controller` (history), :mod:`.policy` (the
 ``TreePolicy`` interface), :mod:`.baselines` and :mod:`.sage` (the policies), :mod:`.policies` (their registry),

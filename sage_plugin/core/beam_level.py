@@ -2,15 +2,15 @@
 
 :meth:`~sage_plugin.core.sage.SagePolicy.step` under ``rerank_pool: beam`` (SAGE's default) runs about a hundred
 small tensor operations a level (the candidates' path values and codes, the beam's top-``W``, the pool's sorted
-append, the frontier cut to the pool's best nodes); on a CPU each costs microseconds of host time, about 1 ms a
-level in all, which the node budget prices into every drafted level.  The kernel does the same work per request in one
+append, the frontier cut to the pool's best nodes); on a CPU each costs microseconds of host time, about a
+millisecond a level in all, which the node budget prices into every drafted level.  The kernel does the same work per request in one
 call.  The torch path stays the fallback (other devices, no compiler, a static first round, the planned topology) and
 is the tests' oracle: the kernel writes the same integers and adds the same float32 values, so the pool and the
 frontier it returns are identical (tests/unit/test_beam_level.py).
 
 :func:`level_pays` is :func:`~sage_plugin.core.cost.level_pays` (run once per drafted level by ``node_budget: auto``)
 as the same ATen operators called from C++: the same tensors, the same bits, the same decision, without about 40
-Python-dispatched calls between them (0.3 ms a level on this CPU).
+Python-dispatched calls between them.
 
 Worked example (one request, ``k = 2``, pool ``[root]``, frontier ``[0]``, width 1, ``n_best = 4``): top values
 ``[-0.1, -2.3]`` give candidates with path values ``-0.1`` (rank 0, code 1) and ``-2.3`` (rank 1, code 2); both enter

@@ -2,7 +2,7 @@
 
 Per request, keep a sliding window of the last ``window`` acceptance lengths.  Once the window is
 full and at least ``window`` rounds have passed since the last change (full-window cool-down,
-open point 9, ``docs/algorithm.md``), move ``D_max`` by ``-step`` when the mean is below ``lo`` and by ``+step``
+open point 9, ``docs/design/algorithm.md``), move ``D_max`` by ``-step`` when the mean is below ``lo`` and by ``+step``
 when it is above ``hi``, clamped to ``[D_min, D_cap]``.
 
 Everything is batched ``[B]`` tensor state updated with ``torch.where``: no host sync.

@@ -16,7 +16,7 @@ suffix minimum of the curve (:func:`cheapest_at_least`), which is non-decreasing
 curve is made non-decreasing by its running maximum (a forward is never priced below a smaller one).  On a GPU at small batch it is nearly flat and the cut keeps the whole tree (SAGE's own
 ``N_max`` stays the bound); on a CPU every verified token costs, and the best tree is small.  EAGLE picks its
 ``total_token`` by profiling and Sequoia its tree size and depth from measured timings in the same spirit; the
-cost model is in ``docs/algorithm.md`` ("sizing trees to the device").
+cost model is in ``docs/design/algorithm.md`` ("sizing trees to the device").
 
 Batched: the reference engine pads the batch's trees to the largest, so one count ``q`` is chosen per batch::
 

@@ -2,7 +2,7 @@
 
 Per round and request: alpha (:func:`~.shape.choose_alpha`) sets ``D`` and ``W`` (:func:`~.shape.plan_shape`,
 Eq. 10-11); each level keeps the candidates :func:`~.shape.level_keep` admits (Eq. 12, ``theta_l``, ``N_max``) and
-expands them while ``l < D``.  Options around the paper's rules (``docs/algorithm.md``):
+expands them while ``l < D``.  Options around the paper's rules (``docs/design/algorithm.md``):
 
 * ``first_round_static``: a request's first round drafts the static tree (SAGE Appendix A.1);
 * ``topology="planned"``: replay the tree planned at the end of the previous round (:mod:`.planned`);

@@ -13,8 +13,8 @@ sync).  The step timings are each process's own, so tensor-parallel ranks agree 
 * the batch size;
 * each tier's measured step cost at that batch size (seconds; the low median of the runtime's last ``cost_window``
   step timings, :meth:`TierChooser.record_cost`: robust to a slow step now and then; the first ``unpriced_first``
-  steps a tier ever runs are its warm-up, not priced: SGLang's first ``[6, 11]`` step on the 2-core CPU cost 3.4 s
-  against 139 ms warm), plus the runtime's per-step overhead outside the forward passes (scheduling, result
+  steps a tier ever runs are its warm-up, not priced: a first step carries allocations and first-shape kernels,
+  often many times a warm step), plus the runtime's per-step overhead outside the forward passes (scheduling, result
   processing: :meth:`TierChooser.record_overhead`), which every tier pays once per step;
 * each tier's expected tokens per request per step (1 + the mean accepted drafts, an exponential moving average
   fed from the accept counts the runtime already copies to the host, :meth:`TierChooser.observe`; exactly 1 for
@@ -29,44 +29,41 @@ sync).  The step timings are each process's own, so tensor-parallel ranks agree 
 How the expected tokens are estimated (``acceptance``):
 
 * ``"per_tier"``: each tier's own moving averages (above);
-* ``"pooled"``: one model shared by every tier, the chance that a request's accepted path goes one level deeper,
-  per level ``j`` and alpha bin: ``h_j = P(accepted >= j | accepted >= j - 1)``, counted from every request of every
-  step at any tier at least ``j`` deep (a step at ``s`` steps that accepted ``a`` drafts reached levels
-  ``1 .. min(a + 1, s)`` and passed levels ``1 .. a``), counts decaying by ``1 - 1 / memory`` per step so they
-  follow the traffic, with a prior of half a pass in one reach.  A tier of ``s`` steps expects
-  ``1 + sum_{j <= s} prod_{i <= j} h_i`` tokens.  A step at a shallow tier then informs the deep ones (the ``[1, 2]``
-  tier's steps tell how often level 1 is accepted; replayed SGLang steps at batch 1: within 2% of a chooser that
-  knew the acceptance table, per-tier averages within 7%, ``docs/sglang.md`` "The shipped tiers").  It assumes a
-  level is as likely accepted whatever tier drafted it, which fails once the beam's most probable paths are
-  verified (``rerank_pool: beam``: a ``[1, 2]`` tier verifies one node, ``[4, 8]`` seven; priced 2.01 tokens where
-  it served 2.68);
-* ``"width"``: the same level model, one per verify width: the tiers with the same ``draft_tokens`` share their
-  level counts (a deeper beam of the same width adds only deep candidates, so its shallow levels pass alike), a
-  group's counts decay by its own steps, and a width not yet run is measured first.
+* ``"pooled"``: one level model (:mod:`.tier_levels`) shared by every tier: per level ``j`` the chance that a
+  request's accepted path goes one level deeper, from every request of every step at any tier at least ``j`` deep, so
+  a shallow tier's steps inform the deep ones; it assumes a level is as likely accepted whatever tier drafted it,
+  which fails once the beam's most probable paths are verified (``rerank_pool: beam``: a ``[1, 2]`` tier verifies
+  one node, ``[4, 8]`` seven, so the narrow tier's rejections price the wide tiers low;
+  ``docs/design/sglang-internals.md``, "Tiers");
+* ``"width"``: one level model per verify width (the tiers with the same ``draft_tokens`` share their counts; a
+  deeper beam of the same width adds only deep candidates, so its shallow levels pass alike), a width not yet run
+  measured first.
+
+With the level models the control is acceptance-calibrated (``docs/design/serving-control.md``): ``prior_weight`` > 0
+keeps acceptance per batch-size class and alpha bin, shrunk toward the broader estimates, with the draft's
+confidence as the prior only; ``change_z`` > 0 replaces the long memory by a short one when acceptance changes;
+``doubt`` > 0 makes the off tier the default under doubt (a drafted tier is chosen only if it wins with its expected
+tokens ``doubt`` standard errors low); ``admission`` adds what each regime pays in admissions per token
+(:mod:`.admission`); :meth:`TierChooser.choose` takes how many of the batch's requests speculate (a per-request
+gate, :mod:`.request_gate`), and :meth:`TierChooser.request_break_even` is that gate's threshold.
 
 The choice maximises ``expected tokens / cost``.  A tier never measured at a batch size is tried first there (the
 runtime's start-up measurement, amortised over the first steps at each batch size), cheapest first, and only while
 it could still win there: its cost at the nearest smaller measured batch size, grown as the smallest tier's cost
-grew since (less ``bound_slack``), bounds its cost from below, and a tier whose rate under that bound cannot beat the best rate measured at this size is not run for
-its price (a traffic ramp from 1 to 12 requests had measured the ``[6, 11]`` tier at eight sizes, 116-415 ms a
-step against the off tier's 53-108).  A tier not chosen is
+grew since (less ``bound_slack``), bounds its cost from below, and a tier whose rate under that bound cannot beat the
+best rate measured at this size is not run for its price (a traffic ramp through many batch sizes would otherwise
+measure a deep tier that cannot pay at every one of them).  A tier not chosen is
 re-measured (*probed*) once it has not run for its probe gap, so the estimates follow the traffic.  The gap starts
 at ``probe_every`` steps; a probe the tier loses (another tier still rates higher at that batch size once its
 feedback is in) doubles it, up to ``probe_backoff * probe_every``, and a tier that wins (probe or plain choice) is
-back to ``probe_every``.  A deep tier that cannot pay at a large batch costs several off steps per probe (SmolLM2
-on the 2-core CPU, batch 8: 270 ms against 85 ms; probing it every 16 steps cost about 14% of the time); the
+back to ``probe_every``.  A deep tier that cannot pay at a large batch costs several off steps per probe; the
 back-off bounds that while a change of traffic is still found within ``probe_backoff * probe_every`` steps.  With
 ``probe_confidence`` ``z`` > 0 a probe is lost only if the tier loses even at its :meth:`optimistic_rate` (its
-fastest step there, its tokens ``z`` standard errors high), so a few early steps cannot hold a tier out (SGLang,
-EAGLE-3 head: ``[3, 4]`` priced at batch 1 from its first steps at 196 ms and 1.27 tokens, against 132 ms and 1.90
-in another run, lost its probes and ran 7 times at batch 1 against 118).  Feedback may lag: the runtime calls
+fastest step there, its tokens ``z`` standard errors high), so a few unlucky early steps, which price a tier high
+and its tokens low, cannot hold it out for a whole run.  Feedback may lag: the runtime calls
 :meth:`TierChooser.choose` when a step starts and :meth:`observe` when its accept counts reach the host, possibly
-after later steps started (overlap scheduling); observations are matched to steps in launch order.
-
-Batch sizes that run as one captured shape share their costs (:meth:`TierChooser.set_size_classes`): a CUDA
-graph runner pads a batch to its next captured size, so a tier costs the same at every size up to it, and one
-measurement prices the whole class (``[1, 2, 4, 8, 16, 24, 32]`` captured: 13 requests run, and are priced, as 16).
-Without captured sizes (CPU, eager) every batch size is its own class.
+after later steps started (overlap scheduling); observations are matched to steps in launch order.  Batch sizes
+that run as one captured shape share their costs (:mod:`.tier_costs`).
 
 Worked example (two tiers, batch 1)::
 
@@ -77,39 +74,27 @@ Worked example (two tiers, batch 1)::
 
 from __future__ import annotations
 
-import bisect
-import statistics
 from collections import deque
-from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
+from .admission import AdmissionPrice
 from .calibration import calibration_bin
+from .tier_costs import Tier, TierCosts, parse_tiers
+from .tier_levels import LevelModel
+from .tier_report import tier_summary
 
-__all__ = ["ACCEPTANCE_MODELS", "Tier", "TierChooser", "parse_tiers"]
+__all__ = ["ACCEPTANCE_MODELS", "TIER_CONTROLS", "Tier", "TierChooser", "parse_tiers"]
 
 #: how a tier's expected tokens are estimated (module docstring, "How the expected tokens are estimated")
 ACCEPTANCE_MODELS = ("width", "pooled", "per_tier")
+#: the tier control (config ``tier_control``, ``docs/design/serving-control.md``): the chooser's arguments of each mode
+TIER_CONTROLS = {
+    "calibrated": {"prior_weight": 8.0, "change_z": 4.0, "doubt": 1.0, "admission": True},
+    "measured": {"prior_weight": 0.0, "change_z": 0.0, "doubt": 0.0, "admission": False},
+}
 
 
-@dataclass(frozen=True, order=True, slots=True)
-class Tier:
-    """One captured shape: ``steps`` draft forwards, ``draft_tokens`` verified tokens per request (root included)."""
-
-    steps: int
-    draft_tokens: int
-
-    @property
-    def off(self) -> bool:
-        """Speculation off: no draft step, the verify forward is a plain decode step."""
-        return self.steps == 0
-
-
-def parse_tiers(pairs: Iterable[Sequence[int]]) -> tuple[Tier, ...]:
-    """Tiers from ``[steps, draft_tokens]`` pairs, sorted; the pairs are validated by the config."""
-    return tuple(sorted(Tier(int(s), int(n)) for s, n in pairs))
-
-
-class TierChooser:
+class TierChooser(TierCosts):
     """Host-side choice of the tier that maximises expected tokens per second (see the module docstring).
 
     Args:
@@ -128,6 +113,10 @@ class TierChooser:
             or ``"width"`` (one per verify width); module docstring.
         memory: with a level model, the steps (of its group) over which its counts decay by a factor ``e``.
         probe_confidence: ``z`` of :meth:`optimistic_rate`, which a probe must lose at to back off (0: any loss).
+        prior_weight, change_z: the level model's calibration and change detection (:class:`.tier_levels.LevelModel`;
+            0: measured acceptance, no change detection).
+        doubt: ``z`` by which a drafted tier's expected tokens are lowered when choosing (0: point estimates).
+        admission: the admission price per token of each regime (None: not priced; :mod:`.admission`).
     """
 
     def __init__(
@@ -143,55 +132,37 @@ class TierChooser:
         acceptance: str = "per_tier",
         memory: int = 100,
         probe_confidence: float = 0.0,
+        prior_weight: float = 0.0,
+        change_z: float = 0.0,
+        doubt: float = 0.0,
+        admission: AdmissionPrice | None = None,
     ) -> None:
-        if not tiers:
-            raise ValueError("at least one tier")
+        super().__init__(tiers, smoothing, cost_window, unpriced_first, bound_slack)
         if acceptance not in ACCEPTANCE_MODELS or memory < 1:
             raise ValueError(f"acceptance one of {ACCEPTANCE_MODELS}, memory >= 1")
         self.acceptance = acceptance
-        self._decay = 1.0 - 1.0 / memory
-        # level models: (group, alpha bin or None for all, level j) -> [requests that reached level j, of those
-        # accepted there]; the group is None (pooled) or the tier's draft tokens (width)
-        self._levels: dict[tuple[int | None, int | None, int], list[float]] = {}
-        if probe_backoff < 1 or probe_confidence < 0:
-            raise ValueError("probe_backoff >= 1, probe_confidence >= 0")
+        # level models: one group per verify width (width) or one for all (pooled); tier_levels.py
+        self.levels = LevelModel(memory, prior_weight, change_z, alpha_bins=alpha_bins)
+        if probe_backoff < 1 or probe_confidence < 0 or doubt < 0:
+            raise ValueError("probe_backoff >= 1, probe_confidence >= 0, doubt >= 0")
+        self.doubt = doubt
+        self.admission = admission
         self.probe_confidence = probe_confidence
-        self.tiers = tuple(sorted(set(tiers)))
         self.probe_every = probe_every
-        self.smoothing = smoothing
-        self.cost_window = cost_window
-        self._cost: dict[tuple[Tier, int], deque[float]] = {}
         self._accepted: dict[Tier, float] = {t: 0.0 for t in self.tiers if t.off}
         self.alpha_bins = alpha_bins
-        self.bound_slack = bound_slack
         self._accepted_bin: dict[tuple[Tier, int], float] = {}
         self._last_used: dict[Tier, int] = {t: -1 for t in self.tiers}
         self.probe_backoff = probe_backoff
-        self._unpriced = {t: unpriced_first for t in self.tiers}  # warm-up steps left per tier
         self._gap: dict[Tier, int] = {t: probe_every for t in self.tiers}
         # (step, tier, batch size, alpha bin) of the probe awaiting its verdict
         self._probe: tuple[int, Tier, int, int | None] | None = None
-        # (step, tier, alpha bin) per step awaiting feedback; a step whose feedback never comes cannot pile up
-        self._pending: deque[tuple[int, Tier, int | None]] = deque(maxlen=8)
-        self._overhead: float | None = None
+        # (step, tier, alpha bin, size class) per step awaiting feedback; a step whose feedback never comes cannot pile up
+        self._pending: deque[tuple[int, Tier, int | None, int]] = deque(maxlen=8)
         self._steps_at: dict[tuple[Tier, int], int] = {}  # steps run per (tier, size class)
-        self._classes: tuple[int, ...] = ()  # captured batch sizes, ascending (empty: every size its own class)
         # per tier: accepted drafts summed over every request of every credited step, and that request count
         self._lifetime: dict[Tier, list[int]] = {t: [0, 0] for t in self.tiers}
         self._steps = 0
-
-    def set_size_classes(self, sizes: Iterable[int] | None) -> None:
-        """Batch sizes run as one shape (a graph runner's captured sizes; None or empty: every size its own class).
-
-        A batch of ``B`` requests is priced at the smallest captured size ``>= B`` (the runner pads to it), or at ``B``
-        above the largest (it runs eager).  Set before the first step (costs already recorded keep their keys).
-        """
-        self._classes = tuple(sorted({int(b) for b in sizes or () if int(b) > 0}))
-
-    def size_class(self, batch_size: int) -> int:
-        """The batch size whose measured costs price a batch of ``batch_size`` (module docstring)."""
-        i = bisect.bisect_left(self._classes, batch_size)
-        return self._classes[i] if i < len(self._classes) else batch_size
 
     # -- estimates ----------------------------------------------------------------------------------------
     def alpha_bin(self, alpha: float | None) -> int | None:
@@ -200,81 +171,84 @@ class TierChooser:
             return None
         return calibration_bin(alpha, self.alpha_bins)
 
-    def expected_tokens(self, tier: Tier, alpha: float | None = None, z: float = 0.0) -> float | None:
+    def expected_tokens(
+        self, tier: Tier, alpha: float | None = None, z: float = 0.0, batch_size: int | None = None
+    ) -> float | None:
         """Expected tokens per request per step under ``tier`` when the batch's mean alpha is ``alpha`` (None until
-        observed; per_tier: a bin without a sample falls back to the tier's overall average; pooled and width:
-        :meth:`_pooled`; the off tier: 1).  ``z`` > 0: that many standard errors high (level models: per level;
-        per_tier: the Bhatia-Davis bound ``acc (steps - acc)`` on a request's variance, over the requests served)."""
+        observed; per_tier: a bin without a sample falls back to the tier's overall average; pooled and width: the
+        level model's, at ``batch_size``'s size class when it is calibrated; the off tier: 1).  ``z``: that many
+        standard errors high (< 0: low; level models: per level; per_tier: the Bhatia-Davis bound ``acc (steps -
+        acc)`` on a request's variance, over the requests served), never below 1."""
         b = self.alpha_bin(alpha)
         if self.acceptance != "per_tier" and not tier.off:
-            return self._pooled(tier, b, z)
+            size = None if batch_size is None else self.size_class(batch_size)
+            return self.levels.tokens(self._group(tier), tier.steps, size, b, z)
         acc = self._accepted.get(tier) if b is None else self._accepted_bin.get((tier, b), self._accepted.get(tier))
         if acc is None:
             return None
         n = max(self._lifetime[tier][1], 1)
-        return 1.0 + acc + z * (max(acc * (tier.steps - acc), 0.0) / n) ** 0.5
+        return max(1.0, 1.0 + acc + z * (max(acc * (tier.steps - acc), 0.0) / n) ** 0.5)
 
     def _group(self, tier: Tier) -> int | None:
         """The level model ``tier`` shares: None (every tier, ``pooled``) or its verify width (``width``)."""
         return tier.draft_tokens if self.acceptance == "width" else None
 
-    def _pooled(self, tier: Tier, b: int | None, z: float = 0.0) -> float | None:
-        """``1 + sum_{j <= steps} prod_{i <= j} h_i`` from the level counts of the tier's group and bin ``b`` (a level
-        the bin has not reached: all bins'); None before any request of the group reached level 1.  ``z`` > 0: each
-        ``h`` raised by ``z`` standard errors of a proportion, ``sqrt(h (1 - h) / (reached + 1))``, at most 1."""
-        g = self._group(tier)
-        if (g, None, 1) not in self._levels:
-            return None
-        expected = survive = 1.0
-        for j in range(1, tier.steps + 1):
-            reached, passed = self._levels.get((g, b, j)) or self._levels.get((g, None, j)) or (0.0, 0.0)
-            h = (passed + 0.5) / (reached + 1.0)
-            survive *= min(1.0, h + z * (h * (1.0 - h) / (reached + 1.0)) ** 0.5)
-            expected += survive
-        return expected
-
-    def cost(self, tier: Tier, batch_size: int) -> float | None:
-        """Measured seconds per step of ``tier`` at ``batch_size``'s size class (None until measured)."""
-        samples = self._cost.get((tier, self.size_class(batch_size)))
-        return None if not samples else statistics.median_low(samples)
-
-    def rate(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float | None:
-        """Expected tokens per second of the whole batch (None while either estimate is missing)."""
-        return self._per_second(batch_size, self.expected_tokens(tier, alpha), self.cost(tier, batch_size))
+    def rate(
+        self, tier: Tier, batch_size: int, alpha: float | None = None, speculating: int | None = None, z: float = 0.0
+    ) -> float | None:
+        """Expected tokens per second of the whole batch (None while either estimate is missing), ``speculating`` of
+        its requests drafting (None: all; the others one token each), the tokens ``z`` standard errors off."""
+        tokens = self.expected_tokens(tier, alpha, z, batch_size)
+        return self._per_second(batch_size, tokens, self.cost(tier, batch_size), tier, speculating)
 
     def optimistic_rate(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float | None:
         """The rate ``tier`` could still have at ``batch_size``: its fastest measured step there (noise only slows a
         step) and its expected tokens ``probe_confidence`` standard errors high.  None while either is unmeasured."""
         samples = self._cost.get((tier, self.size_class(batch_size)))
-        tokens = self.expected_tokens(tier, alpha, self.probe_confidence)
-        return self._per_second(batch_size, tokens, min(samples) if samples else None)
+        tokens = self.expected_tokens(tier, alpha, self.probe_confidence, batch_size)
+        return self._per_second(batch_size, tokens, min(samples) if samples else None, tier)
 
-    def _per_second(self, batch_size: int, tokens: float | None, cost: float | None) -> float | None:
-        """``batch_size * tokens`` over a step of ``cost`` plus the per-step overhead (None if unknown or not > 0)."""
+    def _per_second(
+        self, batch_size: int, tokens: float | None, cost: float | None, tier: Tier, speculating: int | None = None
+    ) -> float | None:
+        """The batch's tokens (``speculating`` requests at ``tokens`` each, the rest at 1; None: all at ``tokens``) over a
+        step of ``cost`` plus the per-step overhead plus the regime's admission time for those tokens (None if
+        unknown or not > 0)."""
         step = None if cost is None else cost + (self._overhead or 0.0)
         if tokens is None or step is None or step <= 0.0:
             return None
-        return batch_size * tokens / step
+        n = batch_size if speculating is None or tier.off else min(speculating, batch_size)
+        total = n * tokens + (batch_size - n)
+        admission = 0.0 if self.admission is None else self.admission.per_token(not tier.off)
+        return total / (step + total * admission)
 
-    def best(self, batch_size: int, alpha: float | None = None) -> Tier | None:
-        """The tier with the highest known rate at ``batch_size`` and mean alpha ``alpha`` (ties: fewer steps); None if
-        none is known."""
-        rated = [(r, t) for t in self.tiers if (r := self.rate(t, batch_size, alpha)) is not None]
+    def best(
+        self, batch_size: int, alpha: float | None = None, speculating: int | None = None, drafted: bool = False
+    ) -> Tier | None:
+        """The tier with the highest known rate at ``batch_size`` and mean alpha ``alpha`` (ties: fewer steps), a
+        drafted tier's tokens ``doubt`` standard errors low; None if none is known.  ``drafted``: drafted tiers only."""
+        candidates = [t for t in self.tiers if not (drafted and t.off)]
+        rated = [
+            (r, t) for t in candidates
+            if (r := self.rate(t, batch_size, alpha, speculating, 0.0 if t.off else -self.doubt)) is not None
+        ]  # fmt: skip
         if not rated:
             return None
         top = max(r for r, _ in rated)
         return min(t for r, t in rated if r == top)
 
     # -- the per-step protocol ----------------------------------------------------------------------------
-    def choose(self, batch_size: int, alpha: float | None = None) -> Tier:
-        """The tier of the step about to start, for a batch of mean alpha ``alpha`` (None: unknown); recorded as
-        pending until :meth:`observe`."""
+    def choose(self, batch_size: int, alpha: float | None = None, speculating: int | None = None) -> Tier:
+        """The tier of the step about to start, for a batch of mean alpha ``alpha`` (None: unknown) of which
+        ``speculating`` requests would draft (None: all; 0: the off tier, unmeasured tiers and probes wait); recorded
+        as pending until :meth:`observe`."""
         self._steps += 1
         self._judge_probe()
         b = self.alpha_bin(alpha)
-        tier = self._unmeasured(batch_size, alpha)
+        off = self.tiers[0] if self.tiers[0].off else None
+        tier = off if speculating == 0 and off is not None else self._unmeasured(batch_size, alpha)
         if tier is None:
-            tier = self.best(batch_size, alpha) or self.tiers[-1]
+            tier = self.best(batch_size, alpha, speculating) or self.tiers[-1]
             self._gap[tier] = self.probe_every
             if self.probe_every and self._probe is None:
                 due = [t for t in self.tiers if t != tier and self._steps - self._last_used[t] >= self._gap[t]]
@@ -284,7 +258,7 @@ class TierChooser:
         self._last_used[tier] = self._steps
         key = (tier, self.size_class(batch_size))
         self._steps_at[key] = self._steps_at.get(key, 0) + 1
-        self._pending.append((self._steps, tier, b))
+        self._pending.append((self._steps, tier, b, self.size_class(batch_size)))
         return tier
 
     def probe_gap(self, tier: Tier) -> int:
@@ -296,7 +270,7 @@ class TierChooser:
         if self._probe is None:
             return
         step, tier, bs, alpha = self._probe
-        if any(s == step for s, _, _ in self._pending):
+        if any(p[0] == step for p in self._pending):
             return
         self._probe = None
         best = self.best(bs, alpha)
@@ -310,35 +284,23 @@ class TierChooser:
         opt, top = self.optimistic_rate(tier, batch_size, alpha), best and self.rate(best, batch_size, alpha)
         return opt is None or top is None or opt >= top
 
-    def record_cost(self, tier: Tier, batch_size: int, seconds: float) -> None:
-        """A measured step time of ``tier`` at ``batch_size`` (kept for its size class; dropped while the tier is warming
-        up)."""
-        if self._unpriced[tier] > 0:
-            self._unpriced[tier] -= 1
-            return
-        key = (tier, self.size_class(batch_size))
-        self._cost.setdefault(key, deque(maxlen=self.cost_window)).append(seconds)
-
-    def record_overhead(self, seconds: float) -> None:
-        """A measured gap between two consecutive decode steps (the runtime's work outside the forwards)."""
-        seconds = max(seconds, 0.0)
-        old = self._overhead
-        self._overhead = seconds if old is None else old + self.smoothing * (seconds - old)
-
-    def observe(self, accepted_drafts: Sequence[int]) -> Tier | None:
-        """Accepted draft counts (bonus token excluded) of the oldest pending step, one per request.
+    def observe(self, accepted_drafts: Sequence[int], others: int = 0) -> Tier | None:
+        """Accepted draft counts (bonus token excluded) of the oldest pending step, one per request (with a
+        per-request gate: the drafting requests only, and ``others`` the step's requests that did not draft).
 
         Returns the tier they are credited to (None when no step is pending: a prefill's feedback).
         """
         if not self._pending:
             return None
-        _, tier, b = self._pending.popleft()
+        _, tier, b, *size = self._pending.popleft()  # (step, tier, alpha bin, size class)
+        if self.admission is not None:
+            self.admission.step(not tier.off, sum(accepted_drafts) + len(accepted_drafts) + others)
         if tier.off or not accepted_drafts:
             return tier
         self._lifetime[tier][0] += sum(accepted_drafts)
         self._lifetime[tier][1] += len(accepted_drafts)
         if self.acceptance != "per_tier":
-            self._count_levels(tier, b, accepted_drafts)
+            self.levels.count(self._group(tier), tier.steps, accepted_drafts, size[0] if size else None, b)
             return tier
         mean = sum(accepted_drafts) / len(accepted_drafts)
         self._accepted[tier] = self._ema(self._accepted.get(tier), mean)
@@ -346,19 +308,10 @@ class TierChooser:
             self._accepted_bin[(tier, b)] = self._ema(self._accepted_bin.get((tier, b)), mean)
         return tier
 
-    def _count_levels(self, tier: Tier, b: int | None, accepted_drafts: Sequence[int]) -> None:
-        """Count one step's requests into the tier's group, after decaying the group's counts by one step."""
-        g = self._group(tier)
-        for key, counts in self._levels.items():
-            if key[0] == g:
-                counts[0] *= self._decay
-                counts[1] *= self._decay
-        for key in {None, b}:
-            for a in accepted_drafts:
-                for j in range(1, min(a + 1, tier.steps) + 1):
-                    counts = self._levels.setdefault((g, key, j), [0.0, 0.0])
-                    counts[0] += 1.0
-                    counts[1] += float(a >= j)
+    def record_prefill(self, seconds: float) -> None:
+        """A measured prefill pass (admissions into the running batch), for the admission price (if any)."""
+        if self.admission is not None:
+            self.admission.prefill(seconds)
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.smoothing * (new - old)
@@ -378,24 +331,6 @@ class TierChooser:
                 return tier
         return None
 
-    def cost_bound(self, tier: Tier, batch_size: int) -> float | None:
-        """A lower bound on ``tier``'s step seconds at ``batch_size``, from the nearest smaller batch size ``b`` where
-        it was measured: its cost there, scaled by the smallest tier's growth from ``b`` to ``batch_size`` when that is
-        measured at both, times ``1 - bound_slack``; None when no smaller size is measured.
-
-        It holds while a larger tier's cost relative to the smallest tier's does not fall as the batch grows (its
-        extra verified tokens turn compute-bound first); ``bound_slack`` absorbs this CPU's row-count kinks.
-        """
-        smaller = [bs for (t, bs) in self._cost if t == tier and bs < self.size_class(batch_size)]
-        if not smaller or self.bound_slack >= 1.0:
-            return None
-        b = max(smaller)
-        bound = self.cost(tier, b)
-        ref_now, ref_then = self.cost(self.tiers[0], batch_size), self.cost(self.tiers[0], b)
-        if tier != self.tiers[0] and ref_now is not None and ref_then is not None:
-            bound *= max(1.0, ref_now / ref_then)
-        return (1.0 - self.bound_slack) * bound
-
     def row_threshold(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float:
         """The draft path probability below which verifying one more node of ``tier`` costs the batch more than it
         returns (a ragged verify, ``ragged_verify``); 0 while anything it needs is unmeasured.
@@ -409,10 +344,29 @@ class TierChooser:
         off = next((t for t in self.tiers if t.off), None)
         if tier.off or off is None or tier.draft_tokens < 2:
             return 0.0
-        c, c0, tau = self.cost(tier, batch_size), self.cost(off, batch_size), self.expected_tokens(tier, alpha)
+        c, c0 = self.cost(tier, batch_size), self.cost(off, batch_size)
+        tau = self.expected_tokens(tier, alpha, batch_size=batch_size)
         if c is None or c0 is None or tau is None or c <= c0:
             return 0.0
         return min(1.0, (c - c0) * tau / ((tier.draft_tokens - 1) * c))
+
+    def request_break_even(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float:
+        """The accepted drafts a request must add per step of ``tier`` at ``batch_size`` for its share of the step's
+        extra cost to pay (a per-request gate's threshold, :mod:`.request_gate`); 0 while anything is unmeasured.
+
+        With ``C`` and ``C0`` the tier's and the off tier's step prices, a request's draft rows cost about ``(C - C0) /
+        B`` of a step the batch earns ``B tau`` tokens in, so they pay when its extra tokens reach ``tau (C - C0) / C``.
+        Batch 16, ``[1, 2]`` at 139.8 ms, off 95.7 ms, 1.46 tokens: 0.46.
+        """
+        off = next((t for t in self.tiers if t.off), None)
+        if tier.off or off is None:
+            return 0.0
+        c, c0 = self.cost(tier, batch_size), self.cost(off, batch_size)
+        tau = self.expected_tokens(tier, alpha, batch_size=batch_size)
+        if c is None or c0 is None or tau is None or c <= c0:
+            return 0.0
+        extra = self._overhead or 0.0
+        return tau * (c - c0) / (c + extra)
 
     def _can_win(self, tier: Tier, batch_size: int, alpha: float | None) -> bool:
         """Whether ``tier``'s best possible rate at ``batch_size`` (its expected tokens at ``alpha`` over
@@ -420,28 +374,9 @@ class TierChooser:
         bound, best = self.cost_bound(tier, batch_size), self.best(batch_size, alpha)
         if bound is None or best is None:
             return True
-        optimistic = self._per_second(batch_size, self.expected_tokens(tier, alpha), bound)
+        optimistic = self._per_second(batch_size, self.expected_tokens(tier, alpha, batch_size=batch_size), bound, tier)
         return optimistic > self.rate(best, batch_size, alpha)
 
     def summary(self) -> dict[str, dict[str, float | None]]:
-        """Per tier: expected tokens per request (the chooser's current estimates: overall, and per alpha bin
-        ``tokens@aB``), ``mean_tokens`` (tokens per request averaged over every request the tier ever served, None
-        before any; the off tier: 1.0), the measured cost (ms) at each size class seen (:meth:`size_class`: the batch size
-        itself without captured sizes) and the steps run there."""
-        out: dict[str, dict[str, float | None]] = {}
-        levels = self.acceptance != "per_tier"
-        for t in self.tiers:
-            steps_at = {bs: n for (tt, bs), n in sorted(self._steps_at.items(), key=lambda kv: kv[0][1]) if tt == t}
-            row: dict[str, float | None] = {"tokens": self.expected_tokens(t), "steps": sum(steps_at.values())}
-            total, n = self._lifetime[t]
-            row["mean_tokens"] = 1.0 if t.off else (round(1.0 + total / n, 3) if n else None)
-            for b in range(self.alpha_bins):
-                if not t.off and ((self._group(t), b, 1) in self._levels if levels else (t, b) in self._accepted_bin):
-                    row[f"tokens@a{b}"] = round(self.expected_tokens(t, (b + 0.5) / self.alpha_bins), 3)
-            for tt, bs in sorted(self._cost, key=lambda k: k[1]):
-                if tt == t:
-                    row[f"ms@{bs}"] = round(1000.0 * self.cost(tt, bs), 2)
-            row.update({f"steps@{bs}": n for bs, n in steps_at.items()})
-            out[f"{t.steps}:{t.draft_tokens}"] = row
-        out["overhead"] = {"ms": None if self._overhead is None else round(1000.0 * self._overhead, 2)}
-        return out
+        """The chooser's estimates, costs and step counts for metrics (:func:`.tier_report.tier_summary`)."""
+        return tier_summary(self)

@@ -18,6 +18,10 @@ dataset       count  user message (one turn, ``role="user"``)
                      2 s MP4 under ``assets/data/vlm/videos``); id = ``question_id``
 ============  =====  ==========================================================================
 
+Besides, :func:`ood_prompts` reads the out-of-domain set (100 prompts of five task types unlike the bundled draft's
+training data: summaries and questions over passages, translations, word problems, table questions; written for the
+project, ``assets/data/SOURCES.md``).
+
 No system message is added: the tokenizer's chat template supplies its default one, if any.
 Prompts come in file order and ``limit`` keeps the first N, so every call is deterministic::
 
@@ -53,6 +57,7 @@ __all__ = [
     "load_prompt_file",
     "load_prompts",
     "mixed_text_prompts",
+    "ood_prompts",
     "multimodal_messages",
     "openai_messages",
     "render_chat",
@@ -185,6 +190,23 @@ def mixed_text_prompts(n: int) -> list[Prompt]:
                 out.append(pool[i])
         i += 1
     return out
+
+
+#: the out-of-domain prompt set, relative to assets/data (built by tools/build_ood_prompts.py)
+OOD_FILE = "prompts/ood_prompts.jsonl"
+
+
+def ood_prompts(n: int | None = None) -> list[Prompt]:
+    """The out-of-domain set's first ``n`` prompts (None: all 100), round-robin over its five categories in file order.
+
+    >>> [p.category for p in ood_prompts(6)]
+    ['summarization', 'rag', 'translation', 'math', 'table_qa', 'summarization']
+    """
+    by_category: dict[str | None, list[Prompt]] = {}
+    for p in load_prompt_file(data_dir() / OOD_FILE):
+        by_category.setdefault(p.category, []).append(p)
+    ordered = [p for group in zip(*by_category.values(), strict=True) for p in group]
+    return ordered if n is None else ordered[:n]
 
 
 def multimodal_messages(prompt: Prompt) -> list[dict]:

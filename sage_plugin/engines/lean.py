@@ -1,16 +1,15 @@
 """A draft's decode-time forward without transformers' per-module Python.
 
-A small draft's forward at a few tokens is bound by host work, not arithmetic: the bundled 4-layer draft (hidden
-256) spends about 3 ms a forward of which under half is operator time; the rest is transformers' module calls,
-decorators, cache and mask bookkeeping.  :class:`LeanDecoder` runs the same layers over the same parameters and
+A small draft's forward at a few tokens is bound by host work, not arithmetic: for the bundled 4-layer draft (hidden
+256) under half of a forward is operator time; the rest is transformers' module calls, decorators, cache and mask
+bookkeeping.  :class:`LeanDecoder` runs the same layers over the same parameters and
 cache with the operators alone: the model's own RMSNorm, rotary embedding and activation modules, one fused
 q/k/v product and one fused gate/up product per layer (``core.linear.linear``, the rows kernel on CPU), and the
 engine's grouped-query attention (``attention.grouped_sdpa``: query heads folded onto their KV head) with its mask
 built once per forward instead of once per layer.  On CPU, where the model allows (float32 activations, SiLU gates, no
 biases, widths the rows kernel takes, at most ``core.linear.KERNEL_MAX_ROWS`` new tokens in all), the whole layer stack
-runs in one call of ``core/csrc/lean_decoder.cpp`` instead (about 150 operator calls a forward in Python: the bundled
-draft's forward at 8 tokens went from about 3 to about 1 ms); the operator-by-operator path stays the fallback and the
-tests' oracle for it.  Only drafts use it (the target's logits stay transformers' own: plain decoding and verification
+runs in one call of ``core/csrc/lean_decoder.cpp`` instead of about 150 operator calls in Python; the
+operator-by-operator path stays the fallback and the tests' oracle for it.  Only drafts use it (the target's logits stay transformers' own: plain decoding and verification
 must compute the same numbers); a draft's numbers may differ from transformers' by float rounding, which moves
 no verified token.
 

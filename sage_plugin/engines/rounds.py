@@ -96,9 +96,8 @@ class LevelClock:
 
     The price is a measurement that can stop the very levels that would refresh it, so :meth:`price` is 0
     (unpriced: levels cost their forward alone) in two cases.  While fewer than ``min_samples`` levels are timed: a
-    process's first level carries one-off costs (15 ms against about 1 ms after it, `sage bench --quick` on the
-    2-core CPU), and a median of one such sample made every later level look too dear, so a whole run drafted no
-    level past the catch-up (tau 1.74 against 2.2-2.3).  And for one round after ``probe_every`` rounds priced
+    process's first level carries one-off costs (many times a warm level's), and a median of one such sample would
+    make every later level look too dear, so a whole run would draft no level past the catch-up.  And for one round after ``probe_every`` rounds priced
     without a new sample, so a price that a slow spell pushed too high is re-measured instead of kept for the rest of
     the process.  Worked example (``min_samples`` 2, ``probe_every`` 2): samples ``[15]`` -> price 0; ``[15, 1, 1]``
     -> 1; two rounds without a level -> 1, 1, then 0 for one round, then 1 again.

@@ -1,6 +1,6 @@
 """Reference speculative-decoding engine on HF transformers (CPU or CUDA), batched and ragged.
 
-One round per batch (SAGE Algorithm 1 with the online topology, open point 8 of ``docs/algorithm.md``):
+One round per batch (SAGE Algorithm 1 with the online topology, open point 8 of ``docs/design/algorithm.md``):
 
 1. **Draft catch-up**: feed each request's pending tokens (accepted tokens the draft has not
    seen, then the root) in one ragged forward; the last row gives the root distribution.

@@ -26,12 +26,15 @@ _NOT_READ = {
     "tier_probe_confidence": _NO_TIERS,
     "tier_bound_slack": _NO_TIERS,
     "tier_acceptance": _NO_TIERS,
+    "tier_control": _NO_TIERS,
+    "tier_request_gate": _NO_TIERS,
     "tier_off_lag": _NO_TIERS,
     "tier_off_decode": _NO_TIERS,
     "ragged_verify": _NO_TIERS,
     "tier_alpha_bins": _NO_TIERS,
     "cpu_overlap": "one process, no scheduler to overlap",
     "tp_sync": "one process, no tensor-parallel ranks",
+    "opt_out_params": "takes no per-request parameters",
 }
 
 REFERENCE_SUPPORT = RuntimeSupport(

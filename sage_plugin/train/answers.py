@@ -1,11 +1,10 @@
-"""The target's greedy answers kept in the repository, so that training data accumulates across sessions.
+"""The target's greedy answers kept in the repository, so that training data accumulates from run to run.
 
-Generating the target's answers is the slow part of distilling a draft (on the 2-core CPU about 155 tokens/s through
-an SGLang server: 20 minutes per 1,536 prompts), and a work directory does not outlive a session.  With
-``--answers-dir DIR`` (the repository keeps one at ``train-data/answers``, ``docs/training-data.md``) an
-:class:`AnswerStore` in ``DIR/<target>/`` keeps every answer a run generates: both draft kinds (``sage train-draft``,
-``--kind eagle3``) look a shard's prompts up there before generating and add what they generate, so the store grows
-run after run, session after session, and the next run reads it.
+Generating the target's answers is the slow part of distilling a draft, and a work directory does not outlive its
+machine.  With ``--answers-dir DIR`` (the repository keeps one at ``train-data/answers``,
+``docs/design/training-data.md``) an :class:`AnswerStore` in ``DIR/<target>/`` keeps every answer a run generates:
+both draft kinds (``sage train-draft``, ``--kind eagle3``) look a shard's prompts up there before generating and add
+what they generate, so the store grows with every run, on any machine, and the next run reads it.
 
 Layout (one directory per target, e.g. ``smollm2-135m-instruct-f32``)::
 

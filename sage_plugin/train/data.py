@@ -190,8 +190,8 @@ def _stdlib_function_prompts(seed: int, stdlib: str | Path | None = None) -> Ite
 
 
 MIX_V1_PROMPTS = 3072
-"""Prompts ``0 .. MIX_V1_PROMPTS-1`` are the first templated mix (drafts v1/v2 were trained on its first 2,048);
-later prompts come mostly from :func:`sage_plugin.train.instructions.instruction_prompts`.  Growing ``n`` never
+"""Prompts ``0 .. MIX_V1_PROMPTS-1`` are the templated mix; later prompts come mostly from
+:func:`sage_plugin.train.instructions.instruction_prompts`.  Growing ``n`` never
 changes earlier prompts, so label shards of a smaller run stay valid."""
 
 
@@ -204,9 +204,8 @@ def chat_prompts(n: int, seed: int = 0, stdlib: str | Path | None = None) -> lis
     :data:`MIX_V1_PROMPTS` prompts, two in three come from the compositional instruction categories of
     :mod:`sage_plugin.train.instructions` (writing, role-play, reasoning, math, extraction, knowledge, code,
     advice).  Messages equal to an MT-Bench or HumanEval prompt are dropped (those are the held-out evaluation
-    sets).  A phase ends when its sources run dry or repeat themselves many times in a row (until stop 37 when
-    they had repeated about 1,000 times in all, which capped the list at 9,110 prompts; the first 9,110 are
-    unchanged).
+    sets).  A phase ends when its sources run dry or repeat themselves ``10 x (sources in its pattern) + 1000``
+    times in a row.
     """
     if n <= 0:
         return []

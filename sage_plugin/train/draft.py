@@ -142,7 +142,7 @@ def _collect_answers(args, tokenizer, target_dir: Path, out: Path, pool: int, sh
 
 def _answers_only(args, target_dir: Path, device: torch.device) -> int:
     """``--answers-only``: the target's answers to the shards this run would train on, nothing else (to fill
-    ``--answers-dir`` in a session that does not train)."""
+    ``--answers-dir`` on a machine that has time for the answers but not for a training run)."""
     if args.kind == "eagle3":
         from .eagle3.loop import shard_order
 
@@ -212,7 +212,7 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--answers-dir",
         default=None,
         help="keep the target's answers across runs in DIR/<target name>/ (read before generating, added to after;"
-        " the repository's store is train-data/answers, docs/training-data.md); default: none",
+        " the repository's store is train-data/answers, docs/design/training-data.md); default: none",
     )
     g.add_argument("--topk", type=int, default=8, help="target top-k ids/log-probs stored per position")
     g.add_argument("--label-batch", type=int, default=None, help="windows per target forward (auto: 64 / 4)")
@@ -227,8 +227,8 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--chat-repeat", type=int, default=2, help="weight of target-answer windows in the training mix")
     g.add_argument("--labels-only", action="store_true", help="stop after the label stage")
     g.add_argument("--answers-only", action="store_true", help="only the target's answers to the prompts this run "
-                   "would train on (into --out/gen and --answers-dir), then stop: fills the store in a session that "
-                   "does not train")  # fmt: skip
+                   "would train on (into --out/gen and --answers-dir), then stop: fills the store without a "
+                   "training run")  # fmt: skip
     g = parser.add_argument_group("draft model")
     g.add_argument("--layers", type=int, default=2)
     g.add_argument("--hidden", type=int, default=256)

@@ -1,7 +1,7 @@
 """SAGE's TensorRT-LLM drafter driven end to end by a faithful fake of TensorRT-LLM's speculative executor step.
 
 The fake follows the non-overlap executor loop and TorchSampler as recorded in
-``sage_plugin/runtimes/trtllm/contract.py`` (``CALL_ORDER``; ``docs/trtllm.md``, "Executor loop"): generation
+``sage_plugin/runtimes/trtllm/contract.py`` (``CALL_ORDER``; ``docs/design/trtllm.md``, "Executor loop"): generation
 requests get ``py_last_draft_tokens = py_draft_tokens``, ``py_draft_tokens = [0] * K`` and
 ``py_draft_pages_allocated = K``; ``prepare_draft_tokens``; zero padding to ``K``; one target forward over the
 ``1 + K`` tokens; greedy acceptance walking the padded list (or rejection sampling with ``py_draft_logits``);

@@ -4,7 +4,7 @@ backs off.
 
 The simulated device is stochastic (seeded): each step's cost is its tier's cost plus up to 5% of noise, and each
 request's drafts pass level after level with a fixed probability, so the chooser's estimates are noisy as a
-server's are.  Costs are those the SGLang CPU server measured for the EAGLE-3 config's tiers (docs/sglang.md).
+server's are.  Costs are those the SGLang CPU server measured for the EAGLE-3 config's tiers (docs/design/sglang-internals.md).
 """
 
 from __future__ import annotations

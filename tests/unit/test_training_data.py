@@ -1,6 +1,6 @@
-"""The target answers committed under train-data/answers (docs/training-data.md) are well formed and still match
-the prompts the trainer would ask: a change to the offline prompt pool or the chat template that orphaned them
-shows up here, not as a silent regeneration in the next training session."""
+"""The target answers committed under train-data/answers (docs/design/training-data.md) are well formed and still
+match the prompts the trainer would ask: a change to the offline prompt pool or the chat template that orphaned them
+shows up here, not as a silent regeneration in the next training run."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_store_is_there_and_well_formed():
     manifest = json.loads((store_dir / "store.json").read_text())
     assert manifest == {"format": STORE_FORMAT, "target": SMOLLM2, "max_new_tokens": 192}
     recs = _records(store_dir)
-    assert len(recs) >= 64 * 48  # the store only grows: 48 shards at stop 37
+    assert len(recs) >= 64 * 48  # the store only grows: it holds at least 48 shards of 64
     keys = [r["key"] for r in recs]
     assert len(set(keys)) == len(keys), "a prompt is stored twice"
     cap = manifest["max_new_tokens"]

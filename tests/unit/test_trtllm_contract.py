@@ -227,7 +227,7 @@ def test_changed_signature_fails_with_version_item_and_pins(monkeypatch):
     assert message.startswith("TensorRT-LLM 1.3.0rc9 does not match")
     assert f"{DRAFTER}.prepare_draft_tokens" in message
     assert "installed (self, scheduled_requests, resource_manager=None, step=0)" in message
-    assert all(p.name in message for p in PINNED) and "docs/trtllm.md" in message
+    assert all(p.name in message for p in PINNED) and "docs/design/trtllm.md" in message
 
 
 def test_missing_class_and_wrong_literal_fail(monkeypatch):

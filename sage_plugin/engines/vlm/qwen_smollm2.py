@@ -306,7 +306,7 @@ def ensure_qwen_vl_draft(kind: str = "qwen2_vl", cache_dir: Path = DEFAULT_CACHE
     """A VLM draft for the Qwen-VL-on-SmolLM2 target: the same architecture on SmolLM2's first ``layers`` layers.
 
     The reference engine can run it (untrained as a draft: few tokens accepted); SGLang 0.5.23 cannot run a
-    multimodal draft, and a SAGE launch with one is refused (``docs/sglang.md``, "VLMs"), which the e2e tests check
+    multimodal draft, and a SAGE launch with one is refused (``docs/design/sglang-internals.md``, "VLMs"), which the e2e tests check
     with this model.  Built once under ``cache_dir``.
     """
     name = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2-5-vl"}[kind] + f"-smollm2-first{layers}-draft"

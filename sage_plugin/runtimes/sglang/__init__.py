@@ -10,12 +10,22 @@ The package must therefore be an installed distribution (``pip install -e .``), 
 must be idempotent and cheap.  SGLang logs and swallows an exception raised here, and
 ``--speculative-algorithm sage`` then fails with "Unknown speculative algorithm name: sage".
 
-Modules:
+Modules (``docs/design/sglang-internals.md`` describes how they fit together):
 
 * :mod:`.args`: the ``--sage-*`` flags (generated from SageConfig), ``--sage-config``, SGLang draft sizes;
-* :mod:`.hooks`: the two ``HookRegistry`` hooks that put the flags on SGLang's parser (``patches/INDEX.md``);
-* :mod:`.algo`: ``SageSpecAlgo`` and the server-args callbacks (imports SGLang);
-* :mod:`.cpu_ops`: pure-torch ``sgl_kernel`` CPU ops SGLang's CPU speculative path needs.
+* :mod:`.support`: the SageConfig fields the worker honours (checked at launch);
+* :mod:`.hooks`: the twelve ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling, CPU linear
+  layers, CPU tensor parallelism, CPU overlap scheduling, the CPU ragged verify; ``patches/INDEX.md``);
+* :mod:`.algo`: ``SageSpecAlgo`` and its EAGLE variants, the server-args callbacks (imports SGLang);
+* :mod:`.worker`: the SAGE workers on SGLang's EAGLE v2 workers; :mod:`.selection` the plan and the node choice
+  inside the captured draft step; :mod:`.tiers` the serving tiers on SGLang's adaptive runtime states;
+  :mod:`.clock` sync-free host reads of step times and alpha; :mod:`.tpsync` the tree broadcast from rank 0;
+* :mod:`.meta`: ``meta_info["sage"]`` per request;
+* :mod:`.draft_weights`, :mod:`.lean_draft`, :mod:`.offstep`, :mod:`.lag`, :mod:`.ragged`: the CPU paths (the
+  draft's head rows and bfloat16 weights, its lean decoder, the off tier's DECODE forward and skipped extends, the
+  ragged verify);
+* :mod:`.cpu_ops`, :mod:`.cpu_env`: pure-torch ``sgl_kernel`` CPU ops SGLang's CPU speculative path needs, and the
+  CPU-only launch environment.
 
 Environment variables, read once, by :func:`register` (the only environment variables the package reads):
 

@@ -21,7 +21,7 @@ per-request state across decode steps and resets it on a prefill; mixed batches 
 every method the enum has exists here.
 
 Besides the predicates, SGLang calls four methods that ``CustomSpecAlgo`` lacks in 0.5.23
-(``docs/sglang.md``, "What a custom algorithm class must provide"): ``create_future_map`` (scheduler), ``carries_draft_hidden_states``
+(``docs/design/sglang-internals.md``, "What a custom algorithm class must provide"): ``create_future_map`` (scheduler), ``carries_draft_hidden_states``
 (scheduler), ``need_topk`` (overlap utils) and ``get_platform_worker_cls`` (adaptive params, create_worker).
 
 The two server-args callbacks run in the launcher during SGLang's resolution, on a recording
@@ -156,7 +156,7 @@ def validate_server_args(server_args: Any) -> None:
             f"--speculative-draft-model-path {draft}: a multimodal draft (its config has a vision_config); SGLang "
             "0.5.23 shifts a draft's prefill ids by one token but places the image embeddings by the unshifted "
             "positions (its own STANDALONE fails the same way at the first image), so use a text draft: image "
-            'positions read as a placeholder token (docs/sglang.md, "VLMs")'
+            'positions read as a placeholder token (docs/user-guide/serving-sglang.md, "VLMs")'
         )
     archs = None if draft_cfg is None else list(draft_cfg.get("architectures") or [])
     if archs is None:  # an explicit variant is taken as given

@@ -1,8 +1,8 @@
-"""The only place SAGE patches SGLang: fifteen ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
-CPU linear layers, CPU tensor parallelism, CPU overlap scheduling, the CPU ragged verify's lengths, LLaVA-OV's
-sub-configs, dtypes and verify forwards: :mod:`.llava_compat`).
+"""The only place SAGE patches SGLang: eighteen ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
+CPU linear layers, CPU tensor parallelism, CPU overlap scheduling, the CPU ragged verify's lengths, exact request
+parameters, LLaVA-OV's sub-configs, dtypes and verify forwards: :mod:`.llava_compat`).
 
-SGLang 0.5.23 has no API for plugin-owned command-line flags (``docs/sglang.md``, "Flags"),
+SGLang 0.5.23 has no API for plugin-owned command-line flags (``docs/design/sglang-internals.md``, "Flags"),
 so the plugin wraps the two functions of its parse path.  Each hook has an entry in ``patches/INDEX.md``;
 ``tests/integration/sglang/test_hook_targets.py`` checks that the targets still exist.
 
@@ -21,10 +21,10 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
   (:class:`.selection.BeamSelection`); otherwise SGLang's own top-N.  ``HookRegistry`` also rebinds the copy
   ``eagle_worker_v2`` imported, which is the one the draft step calls.
 
-* :func:`add_speculative_state` (AROUND ``SchedulerInternalStateController._add_speculative``): adds a ``"sage"``
-  section to each scheduler's state in ``GET /server_info`` (``internal_states``): the SAGE worker's counters
-  (mean alpha / D / W / shaped nodes / accept length, lagged one step) and the KV pool's free and evictable
-  token counts.
+* :func:`add_speculative_state` (AROUND ``SchedulerInternalStateController._add_speculative``): adds to each
+  scheduler's state in ``GET /server_info`` (``internal_states``) SGLang's accept counts so far (``spec_totals``, any
+  algorithm: :func:`.meta.spec_totals`) and a ``"sage"`` section: the SAGE worker's counters (mean alpha / D / W /
+  shaped nodes / accept length, lagged one step) and the KV pool's free and evictable token counts.
 
 * :func:`output_streamer_class` (AROUND ``Scheduler.get_output_streamer_class``, the subclass point SGLang documents
   for auxiliary response fields): under a SAGE algorithm, the streamer treats ``"sage"`` as a request-level
@@ -60,6 +60,11 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
   forward (``ragged.py``, ``ragged_verify``) runs its live rows with per-request extend lengths and the live blocks of
   the tree mask, which it carries on the forward batch; upstream's uniform TARGET_VERIFY lengths otherwise.
 
+* :func:`.penalties.eagle_sample` (AROUND ``eagle_utils.eagle_sample``), :func:`.penalties.copy_for_forward` (AROUND
+  ``SamplingBatchInfo.copy_for_forward``) and :func:`.penalties.cumulate_penalty_output_tokens` (AROUND
+  ``ScheduleBatch.cumulate_penalty_output_tokens``): under SAGE, penalties, ``min_tokens``, ``min_p`` and custom logit
+  processors give plain decoding's output, and requests may opt out of speculation (:mod:`.penalties`).
+
 Hooks are registered by :func:`install_hooks` (from ``register()``) and applied by SGLang's
 ``load_plugins()`` after every plugin ran.  Hook functions here import nothing from SGLang.
 """
@@ -73,6 +78,9 @@ from typing import Any, Callable
 
 from . import llava_compat as llava
 from .args import STASH_ATTR, SageCliArgs, add_sage_arguments
+from .cpu_ops.sampling_ops import cpu_sampling_kernels_in_place
+from .meta import spec_totals
+from .penalties import copy_for_forward, cumulate_penalty_output_tokens, eagle_sample
 
 __all__ = [
     "ACTIVE_SELECTION",
@@ -111,6 +119,9 @@ AMX_EXTEND_METADATA = "sglang.srt.layers.attention.intel_amx_backend.IntelAMXAtt
 UNQUANTIZED_LINEAR = "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply"
 INIT_MODEL_PARALLEL_GROUP = "sglang.srt.distributed.parallel_state.init_model_parallel_group"
 GATHER_SPEC_EXTRAS = "sglang.kernels.ops.speculative.gather_spec_extras.gather_spec_extras"
+EAGLE_SAMPLE = f"{EAGLE_UTILS}.eagle_sample"
+COPY_FOR_FORWARD = "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.copy_for_forward"
+CUMULATE_PENALTY = "sglang.srt.managers.schedule_batch.ScheduleBatch.cumulate_penalty_output_tokens"
 #: Prometheus gauge -> (key of the SAGE worker's ``sage_stats()``, help text)
 PROMETHEUS_GAUGES = {
     "sglang:sage_rounds": ("sage_rounds", "SAGE: drafted request-rounds since start."),
@@ -121,7 +132,6 @@ PROMETHEUS_GAUGES = {
     "sglang:sage_mean_accept_length": ("sage_mean_accept_length", "SAGE: mean accept length (drafts + bonus)."),
 }
 _gauges: dict[str, Any] = {}  # created once per process, on first use
-_cpu_kernels_ready = False  # eagle_utils holds the CPU sampling kernels (set once by _cpu_sampling_kernels_in_place)
 
 #: The SAGE selection of the draft step in progress (set by ``SageDraftWorker.draft``), else None.
 ACTIVE_SELECTION: ContextVar[Callable[..., Any] | None] = ContextVar("sage_active_selection", default=None)
@@ -156,6 +166,7 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
     """AROUND ``_add_speculative(self, state)``: SGLang's speculative fields, then ``state["sage"]``."""
     original(self, state)
     scheduler = self.scheduler
+    state.update(spec_totals(scheduler))  # every speculative algorithm (meta.py)
     draft = _sage_draft_worker(scheduler)
     if draft is None:
         return
@@ -194,33 +205,6 @@ def output_streamer_class(original: Callable[..., Any], self: Any) -> type:
     return sage_streamer_class(cls)
 
 
-def _cpu_sampling_kernels_in_place() -> bool:
-    """Fill ``eagle_utils``' missing (``None``) sampling kernels with the CPU ones; whether all three are there.
-
-    Done once per process: the answer is kept, so a verify step pays one global lookup.
-    """
-    global _cpu_kernels_ready
-    if _cpu_kernels_ready:
-        return True
-    import sys
-
-    module = sys.modules.get(EAGLE_UTILS)  # the caller's module: already imported
-    if module is None:
-        return False
-    from .cpu_ops import sampling_ops
-
-    kernels = {
-        "tree_speculative_sampling_target_only": sampling_ops.tree_speculative_sampling_target_only_cpu,
-        "top_k_renorm_prob": sampling_ops.top_k_renorm_prob_cpu,
-        "top_p_renorm_prob": sampling_ops.top_p_renorm_prob_cpu,
-    }
-    for name, kernel in kernels.items():
-        if getattr(module, name, None) is None:
-            setattr(module, name, kernel)
-    _cpu_kernels_ready = all(getattr(module, name, None) is not None for name in kernels)
-    return _cpu_kernels_ready
-
-
 def verify_uses_greedy(original: Callable[..., Any], **kwargs: Any) -> bool:
     """AROUND ``_verify_uses_greedy(*, is_all_greedy, is_cpu, is_hip, is_xpu, use_rejection_sampling)``.
 
@@ -230,7 +214,7 @@ def verify_uses_greedy(original: Callable[..., Any], **kwargs: Any) -> bool:
         kwargs.get("is_cpu")
         and not kwargs.get("is_all_greedy")
         and not kwargs.get("use_rejection_sampling")
-        and _cpu_sampling_kernels_in_place()
+        and cpu_sampling_kernels_in_place()
     ):
         kwargs = {**kwargs, "is_cpu": False}
     return original(**kwargs)
@@ -377,6 +361,9 @@ HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = (
     (INIT_MODEL_PARALLEL_GROUP, init_model_parallel_group),
     (GATHER_SPEC_EXTRAS, gather_spec_extras),
     (AMX_EXTEND_METADATA, amx_extend_metadata),
+    (EAGLE_SAMPLE, eagle_sample),
+    (COPY_FOR_FORWARD, copy_for_forward),
+    (CUMULATE_PENALTY, cumulate_penalty_output_tokens),
     (llava.LLAVA_QWEN_INIT, llava.llava_qwen_init),
     (llava.LLAVA_LOAD_WEIGHTS, llava.llava_load_weights),
     (llava.LLAVA_FORWARD, llava.llava_forward),

@@ -1,9 +1,8 @@
 """Speculation-off steps without the draft extend, and the catch-up that replays them (``tier_off_lag``).
 
 At the off tier (``--sage-tiers`` ``[0, 1]``) SGLang's EAGLE v2 worker verifies the root alone and still runs the
-draft extend over the new token, to keep the draft's KV cache current for when drafting resumes.  On the 2-core CPU
-that extend is most of what the off tier costs beyond a plain decode step (batch 16: 9 of 98 ms a step against plain's
-88; docs/sglang.md, "Speculation off without the draft extend").  With ``tier_off_lag = L > 0`` a standalone draft
+draft extend over the new token, to keep the draft's KV cache current for when drafting resumes: a whole draft
+forward per step (docs/design/sglang-internals.md, "The speculation-off tier").  With ``tier_off_lag = L > 0`` a standalone draft
 skips it: the off step leaves the draft ``lag`` tokens behind, and before the next drafted step (or once a request is
 ``L`` tokens behind) one draft forward in EXTEND mode (a chunked-prefill continuation, through SGLang's own
 ``_draft_extend_for_prefill``) replays every request's missing tokens at their positions and KV slots.  Outputs do not

@@ -16,7 +16,10 @@ each row's plan); :class:`SageRoundHost` folds each request's row into running m
     [{"rounds": 17, "off_steps": 3, "mean_alpha": 0.41, "mean_depth": 2.6, "mean_width": 2.8, "mean_shaped_nodes": 7.4}]
 
 ``rounds`` counts the request's drafted rounds and ``off_steps`` its steps at the speculation-off tier
-(``--sage-tiers``), so ``rounds + off_steps`` equals SGLang's own ``spec_verify_ct`` for the request.  Streaming requests carry no SAGE summary:
+(``--sage-tiers``), so ``rounds + off_steps`` equals SGLang's own ``spec_verify_ct`` for the request.  A request that
+runs without speculation (``penalties.opt_out_reason``) counts every step as an off step and carries
+``"opt_out"``, the reason (``"custom_params.disable_speculative_decoding"``, ``"custom_logit_processor"``, or the
+parameter ``--sage-opt-out-params`` named).  Streaming requests carry no SAGE summary:
 SGLang sends a request-level key only with a stream's first chunk, which comes before any round.
 """
 
@@ -27,7 +30,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-__all__ = ["META_KEY", "ROUND_FIELDS", "SageRoundDevice", "SageRoundHost", "sage_streamer_class", "update_summary"]
+from .penalties import REASON_ATTR
+
+__all__ = [
+    "META_KEY", "ROUND_FIELDS", "SageRoundDevice", "SageRoundHost", "sage_streamer_class", "spec_totals", "update_summary",
+]  # fmt: skip
 
 #: the ``meta_info`` key
 META_KEY = "sage"
@@ -71,7 +78,9 @@ class SageRoundHost:
             if info is None:
                 info = req.customized_info = {}
             prev = info.get(META_KEY)
-            info[META_KEY] = [update_summary(prev[0] if prev else None, row)]
+            reason = getattr(req, REASON_ATTR, "")  # a request that does not speculate: every step an off step
+            summary = update_summary(prev[0] if prev else None, None if reason else row)
+            info[META_KEY] = [{**summary, "opt_out": reason} if reason else summary]
 
 
 @dataclass(frozen=True)
@@ -97,3 +106,20 @@ def sage_streamer_class(base: type) -> type:
 
     SageOutputStreamer.__qualname__ = f"Sage{base.__qualname__}"
     return SageOutputStreamer
+
+
+def spec_totals(scheduler: Any) -> dict[str, dict[str, int]]:
+    """``{"spec_totals": {"accept_tokens": A, "forwards": F}}`` for ``GET /server_info`` under any speculative
+    algorithm (empty otherwise): the counts behind SGLang's ``avg_spec_accept_length`` up to this moment (its lifetime
+    totals move only at each decode log line, so the current interval's are added), so that a client can take the
+    accept length of a window as the difference of two reads: ``(A1 - A0) / (F1 - F0)``."""
+    reporter = getattr(scheduler, "metrics_reporter", None)
+    if reporter is None or scheduler.spec_algorithm.is_none():
+        return {}
+    accepted = reporter.spec_total_num_accept_tokens + reporter.spec_num_accept_tokens
+    return {
+        "spec_totals": {
+            "accept_tokens": accepted,
+            "forwards": reporter.spec_total_num_forward_ct + reporter.spec_num_forward_ct,
+        }
+    }

@@ -3,9 +3,9 @@
 At the off tier (``--sage-tiers`` ``[0, 1]``) SGLang's EAGLE v2 worker verifies a one-node tree rooted at the
 previous bonus token (``EAGLEWorkerV2._build_trivial_verify_input``): a TARGET_VERIFY forward of one row per request,
 then its verify bookkeeping.  That forward computes what a DECODE forward computes (the root's KV into the slot
-``req_to_token[req, seq]`` and its next-token logits) but through the extend attention path with a tree mask.  On the
-2-core CPU it costs more than the DECODE forward plain SGLang runs (batch 16: 144.6 against 141.2 ms;
-docs/sglang.md, "The speculation-off tier as a DECODE forward").
+``req_to_token[req, seq]`` and its next-token logits) but through the extend attention path with a tree mask, which on
+CPU costs more than the DECODE forward plain SGLang runs (docs/design/sglang-internals.md, "The speculation-off
+tier").
 
 :class:`DecodeVerifyTarget` is the target worker the off step's verify sees: the one forward it is handed, a
 TARGET_VERIFY batch of one token per request, runs in DECODE mode instead (sequence lengths counting the root, as a

@@ -1,8 +1,8 @@
 """A ragged verify on CPU (``ragged_verify``): each request verifies only the draft nodes likely to pay.
 
-SGLang verifies ``N`` tokens per request at every drafted step (the tier's ``draft_tokens``).  On the 2-core CPU a
-verified row costs about as much as a third of a decoded token at 16 requests (docs/sglang.md, "Batch 16 in
-lockstep"), while the draft's least likely nodes are rarely accepted.  With ``ragged_verify`` a node whose draft path
+SGLang verifies ``N`` tokens per request at every drafted step (the tier's ``draft_tokens``).  Where a step is
+compute-bound (a CPU at many requests) every verified row costs a sizeable share of a decoded token, while the draft's
+least likely nodes are rarely accepted (docs/design/sglang-internals.md, "Ragged verify").  With ``ragged_verify`` a node whose draft path
 probability (the beam's score of the node, :class:`.selection.BeamSelection` keeps it) is below the tier chooser's
 :meth:`~sage_plugin.core.tiers.TierChooser.row_threshold` at the batch size is dropped from the step:
 

@@ -62,12 +62,17 @@ SGLANG_SUPPORT = RuntimeSupport(
         "tier_probe_confidence": _ALL,
         "tier_bound_slack": _ALL,
         "tier_acceptance": _ALL,
+        "tier_control": _ALL,
+        "tier_request_gate": _ALL,
         "tier_off_lag": Honoured(note="standalone drafts on CPU; EAGLE heads and CUDA run the off tier's draft extend"),
         "tier_off_decode": Honoured(note="CPU; CUDA verifies the root in its captured TARGET_VERIFY graph"),
         "ragged_verify": Honoured(note="greedy batches on CPU, one rank; CUDA's captured verify has fixed rows"),
         "tier_alpha_bins": _ALL,
         "cpu_overlap": Honoured(note="CPU servers; on GPUs SGLang's overlap scheduler stays on unless disabled"),
         "tp_sync": _ALL,
+        "opt_out_params": Honoured(
+            note="a request using a listed parameter verifies its root only, in a batch that speculates"
+        ),
         "cpu_lean_draft": Honoured(
             note="CPU servers, a standalone Llama-family draft on one rank; EAGLE heads and GPUs run SGLang's forward"
         ),

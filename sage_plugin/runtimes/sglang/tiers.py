@@ -15,6 +15,13 @@ pairs with the beam's topk fixed, so :class:`SageTierController` is that control
   swaps the state;
 * ``on_verify_complete`` (SGLang's result processor, once accept lengths are on the host) feeds the chooser.
 
+With a per-request gate (``--sage-tier-request-gate``, :class:`~sage_plugin.core.request_gate.RequestGate`) the
+controller also decides, before each decode step, which of the batch's requests speculate (:attr:`SageTierController.mask`,
+``[B]`` in batch order, from the request keys the worker sets as :attr:`SageTierController.keys`): the chooser prices
+the tiers with that many drafting requests, the worker gives the other requests' roots no children
+(:meth:`SageTierController.speculate_mask`), and only the drafting requests' accept counts feed the acceptance
+estimates.  Prefill passes are timed for the admission price (:meth:`SageTierController.record_prefill`).
+
 :class:`~.clock.StepClock` times each decode step for the chooser's cost table without a device sync and
 :class:`~.clock.HostScalar` reads a device scalar (the batch's mean alpha) the same way (:mod:`.clock`).
 """
@@ -23,14 +30,56 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
 
-from sage_plugin.core.tiers import Tier, TierChooser
+from sage_plugin.config import SageConfig
+from sage_plugin.core.admission import AdmissionPrice
+from sage_plugin.core.request_gate import RequestGate
+from sage_plugin.core.tiers import TIER_CONTROLS, Tier, TierChooser, parse_tiers
 
-__all__ = ["RankZeroTimes", "SageTierController", "TierSwitchLogFilter"]
+__all__ = [
+    "RankZeroTimes", "SageTierController", "TierSwitchLogFilter", "request_gate", "request_keys", "tier_chooser",
+]  # fmt: skip
+
+
+def tier_chooser(cfg: SageConfig) -> TierChooser:
+    """The tier chooser of a SAGE server with ``cfg.tiers`` (its ``tier_*`` fields; ``docs/design/serving-control.md``)."""
+    control = dict(TIER_CONTROLS[cfg.tier_control])
+    admission = AdmissionPrice() if control.pop("admission") else None
+    return TierChooser(
+        parse_tiers(cfg.tiers), cfg.tier_probe_every, probe_backoff=cfg.tier_probe_backoff,
+        alpha_bins=cfg.tier_alpha_bins, bound_slack=cfg.tier_bound_slack, acceptance=cfg.tier_acceptance,
+        probe_confidence=cfg.tier_probe_confidence, admission=admission, **control,
+    )  # fmt: skip
+
+
+def request_gate(cfg: SageConfig) -> RequestGate | None:
+    """The per-request gate of a SAGE server (None: every request of a drafted step speculates)."""
+    return RequestGate() if cfg.tier_request_gate else None
+
+
+def request_keys(batch: Any) -> list[int] | None:
+    """Each request's key in batch order: its request slot (SGLang 0.5.23's ``req.kv.req_pool_idx``, a host int, the
+    same on every rank); None when the batch holds no host-side requests or a request holds no slot."""
+    reqs = getattr(batch, "reqs", None)
+    keys = None if reqs is None else [getattr(getattr(r, "kv", None), "req_pool_idx", None) for r in reqs]
+    return None if keys is None or None in keys else keys
+
+
+@dataclass
+class _Step:
+    """A decode step awaiting its feedback: its tier, request keys and mask, and the gate's terms at its start."""
+
+    tier: Tier
+    keys: list[int] | None = None
+    mask: list[bool] | None = None
+    break_even: float = 0.0
+    prior: float = 0.0
+    depth: int = 0
 
 
 class _ChooserPolicy:
@@ -63,9 +112,13 @@ class SageTierController(AdaptiveController):
     Args:
         worker: the SAGE worker (``EAGLEWorkerV2`` subclass; its ``apply_runtime_state`` compares both sizes).
         chooser: the host-side tier choice.
+        shared: with tensor parallelism, rank 0's timings for every rank.
+        gate: the per-request gate (None: every request of a drafted step speculates).
     """
 
-    def __init__(self, worker: Any, chooser: TierChooser, shared: RankZeroTimes | None = None) -> None:
+    def __init__(
+        self, worker: Any, chooser: TierChooser, shared: RankZeroTimes | None = None, gate: RequestGate | None = None
+    ) -> None:
         super().__init__(worker, _ChooserPolicy(chooser))
         self.chooser = chooser
         #: with tensor parallelism, rank 0's step timings shared with every rank (None: this rank's own)
@@ -75,6 +128,12 @@ class SageTierController(AdaptiveController):
         self.switches = 0
         #: the batch's mean SAGE alpha for the next choice (host float; None: not known yet)
         self.alpha: float | None = None
+        self.gate = gate
+        #: the next decode step's request keys in batch order (set by the worker; None: unknown, no gating)
+        self.keys: list[int] | None = None
+        #: ``[B]`` whether each request of the step about to run speculates (None: all of them, or the off tier)
+        self.mask: list[bool] | None = None
+        self._steps: deque[_Step] = deque(maxlen=8)  # steps awaiting feedback, as the chooser's pending ones
 
     def register(self, state: SpecRuntimeState, steps: int | None = None) -> None:
         self._states[Tier(state.speculative_num_steps, state.speculative_num_draft_tokens)] = state
@@ -94,13 +153,74 @@ class SageTierController(AdaptiveController):
         self._activate(self.chooser.tiers[-1])
 
     def activate_step_by_batch(self, batch_size: int) -> None:
-        tier = self.chooser.choose(batch_size, self.alpha)
+        step = self._gate_plan(batch_size)
+        tier = self.chooser.choose(batch_size, self.alpha, None if step.mask is None else sum(step.mask))
+        step.tier = tier
+        if tier.off:
+            step.mask = None if step.keys is None else [False] * len(step.keys)
+        self.mask = None if tier.off or step.mask is None or all(step.mask) else step.mask
+        self._steps.append(step)
         if tier != self.active:
             self._activate(tier)
             self.switches += 1
 
+    def _gate_plan(self, batch_size: int) -> _Step:
+        """The gate's mask for the batch under the drafted tier the chooser rates highest there (no mask without a
+        gate, keys or such a tier)."""
+        keys, chooser = self.keys, self.chooser
+        step = _Step(chooser.tiers[0], keys)
+        best = chooser.best(batch_size, self.alpha, drafted=True) if self.gate and keys else None
+        tokens = None if best is None else chooser.expected_tokens(best, self.alpha, batch_size=batch_size)
+        if tokens is None or len(keys) != batch_size:
+            step.keys = None
+            return step
+        step.break_even = chooser.request_break_even(best, batch_size, self.alpha)
+        step.prior, step.depth = tokens - 1.0, best.steps
+        step.mask = self.gate.speculate(keys, step.break_even, step.prior, step.depth)
+        return step
+
     def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> None:
-        self.chooser.observe(num_correct_drafts_per_req)
+        step = self._steps.popleft() if self._steps else None
+        accepted = num_correct_drafts_per_req
+        if step is None or step.keys is None or len(step.keys) != len(accepted):
+            self.chooser.observe(accepted)
+            return
+        drafted = None if step.tier.off else step.mask
+        self.gate.observe(step.keys, accepted, drafted, step.break_even, step.prior, step.depth)
+        if drafted is None:
+            self.chooser.observe(accepted)
+        else:
+            self.chooser.observe([a for a, m in zip(accepted, drafted) if m], others=drafted.count(False))
+
+    def speculate_mask(self, device: torch.device | str) -> torch.Tensor | None:
+        """``[B]`` bool on ``device``: whether each request of the step about to run speculates (None: every request
+        does).  Built from host data (:attr:`mask`) and copied without a sync (pinned memory on CUDA), so the same on
+        every rank; a request that does not speculate verifies its root alone."""
+        if self.mask is None:
+            return None
+        host = torch.tensor(self.mask, dtype=torch.bool)
+        if torch.device(device).type != "cuda":
+            return host
+        return host.pin_memory().to(device, non_blocking=True)
+
+    def record_times(self, times: list[tuple[tuple[Tier | None, int], float]], admitted: list[int] | None) -> None:
+        """Measured passes ``((tier, batch size), seconds)`` (:class:`~.clock.StepClock`): a decode step's cost, or with
+        tier None a prefill pass's time (the admission price); ``admitted``: the request keys of a prefill pass that
+        just ran (the gate forgets their slots' predecessors)."""
+        for (tier, bs), seconds in times:
+            if tier is None:
+                self.record_prefill(seconds)
+            else:
+                self.record_cost(tier, bs, seconds)
+        if self.gate is not None and admitted:
+            self.gate.reset(admitted)
+
+    def record_prefill(self, seconds: float) -> None:
+        """A prefill pass's measured time, for the admission price (tensor parallelism: as :meth:`record_cost`)."""
+        if self.shared is None:
+            self.chooser.record_prefill(seconds)
+        else:
+            self.shared.record_prefill(seconds)
 
     def record_cost(self, tier: Tier, batch_size: int, seconds: float) -> None:
         """A decode step's measured time, for the chooser (with tensor parallelism: rank 0's, at the next share)."""
@@ -151,6 +271,7 @@ class RankZeroTimes:
     """
 
     OVERHEAD = -1  # tier index of an overhead sample
+    PREFILL = -2  # tier index of a prefill pass's time
 
     def __init__(self, chooser: TierChooser, rank: int, broadcast: Any, every: int = 16, capacity: int = 64) -> None:
         if every < 1 or capacity < 1:
@@ -173,6 +294,10 @@ class RankZeroTimes:
         if self.rank == 0:
             self._buf.append((self.OVERHEAD, 0, seconds))
 
+    def record_prefill(self, seconds: float) -> None:
+        if self.rank == 0:
+            self._buf.append((self.PREFILL, 0, seconds))
+
     def end_step(self) -> None:
         self._steps += 1
         if self._steps % self.every:
@@ -189,6 +314,8 @@ class RankZeroTimes:
         for index, bs, seconds in msg[1 : int(msg[0, 0]) + 1].tolist():
             if int(index) == self.OVERHEAD:
                 self.chooser.record_overhead(seconds)
+            elif int(index) == self.PREFILL:
+                self.chooser.record_prefill(seconds)
             else:
                 self.chooser.record_cost(self.chooser.tiers[int(index)], int(bs), seconds)
 

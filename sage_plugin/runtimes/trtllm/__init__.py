@@ -1,7 +1,7 @@
 """TensorRT-LLM adapter for SAGE: a drafter (1.2.x) and a dynamic-tree node policy (main), plus a launcher.
 
 TensorRT-LLM is imported only by :mod:`.installed` (which checks the recorded contract there); every other module
-imports without it, so the tests run on any machine.  ``docs/trtllm.md`` describes what runs where.
+imports without it, so the tests run on any machine.  ``docs/design/trtllm.md`` describes what runs where.
 
 Modules:
 

@@ -6,7 +6,7 @@ read from its source at the versions in :data:`PINNED`.  Everything the adapter 
 listed here; ``tests/unit/test_trtllm_contract.py`` checks the adapter against these records, and
 :func:`check_installed_contract` (run by :mod:`.installed` right where ``tensorrt_llm`` is imported) compares an
 installed TensorRT-LLM with them and stops with one message naming the installed version, the item that differs and
-the pinned versions.  ``docs/trtllm.md`` lists what each record is for.
+the pinned versions.  ``docs/design/trtllm.md`` lists what each record is for.
 
 Signatures are compared as text without annotations (:func:`signature_text`)::
 
@@ -78,7 +78,7 @@ class Pinned:
     read_at: Mapping[str, str]
 
 
-#: The versions read (``docs/trtllm.md``, "Versions").
+#: The versions read (``docs/design/trtllm.md``, "Versions read").
 PINNED: tuple[Pinned, ...] = (
     Pinned(
         "1.2-early",
@@ -253,7 +253,7 @@ FIELDS: tuple[FieldsItem, ...] = (
     ),
 )
 
-#: Config fields the adapter and the engine configs set (``docs/trtllm.md``, "Config fields").
+#: Config fields the adapter and the engine configs set (``docs/design/trtllm.md``, "Recorded interfaces").
 CONFIG_FIELDS: Mapping[str, frozenset[str]] = {
     "UserProvidedDecodingConfig": FIELDS[0].fields,
     "Eagle3DecodingConfig": FIELDS[1].fields,
@@ -399,7 +399,7 @@ def check_installed_contract(
             continue
         message = (
             f"TensorRT-LLM {version or _installed()} does not match the interface sage-plugin's TensorRT-LLM adapter "
-            f"was written against: {symbol}: {problem}. Pinned versions: {_pinned_summary()} (docs/trtllm.md)."
+            f"was written against: {symbol}: {problem}. Pinned versions: {_pinned_summary()} (docs/design/trtllm.md)."
         )
         if skip:
             logger.warning("%s Going on (--skip-contract-check).", message)

@@ -3,7 +3,7 @@
 TensorRT-LLM's executor gives every generation request ``K = max_draft_len`` draft slots per step
 (``py_draft_tokens = [0] * K``, ``py_draft_pages_allocated = K``), calls ``drafter.prepare_draft_tokens(batch)``,
 zero-pads each request's ``py_draft_tokens`` back to ``K`` and verifies ``1 + K`` tokens with the target
-(``docs/trtllm.md``, "Executor loop").  The user-provided path verifies a linear draft, so SAGE's tree is a chain
+(``docs/design/trtllm.md``, "Executor loop").  The user-provided path verifies a linear draft, so SAGE's tree is a chain
 (width 1) here, and what SAGE decides is its length, per request and per step:
 
 1. the outcome of the previous step, ``py_num_accepted_draft_tokens``, feeds the request slot's history controller

@@ -44,7 +44,7 @@ def require(tiers: tuple[str, ...], *, skip_check: bool = False) -> Any:
         raise TrtllmUnavailableError(
             f"TensorRT-LLM is not installed: {exc}. It needs an NVIDIA GPU and NVIDIA's package index "
             "(pip install tensorrt-llm --extra-index-url https://pypi.nvidia.com, or the "
-            "nvcr.io/nvidia/tensorrt-llm/release container); see docs/trtllm.md"
+            "nvcr.io/nvidia/tensorrt-llm/release container); see docs/user-guide/trtllm.md"
         ) from None
     except (OSError, RuntimeError) as exc:  # CUDA libraries missing at import
         raise TrtllmUnavailableError(f"TensorRT-LLM is installed but does not import: {exc}") from None

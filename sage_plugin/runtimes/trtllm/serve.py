@@ -1,6 +1,6 @@
 """``sage trtllm-serve``: TensorRT-LLM's own OpenAI server, with SAGE as its drafter or dynamic-tree policy.
 
-What ``trtllm-serve --config`` does, plus the part YAML cannot express (``docs/trtllm.md``, "Serving"):
+What ``trtllm-serve --config`` does, plus the part YAML cannot express (``docs/user-guide/trtllm.md``, "sage trtllm-serve"):
 
 1. the launch file is checked (:func:`.config.load_launch`: every bad value stops here, naming the field);
 2. TensorRT-LLM is imported and its interfaces are compared with the recorded contract (:mod:`.installed`);

@@ -8,7 +8,7 @@
   (:func:`sage_plugin.core.budgeted.select_shaped`, :mod:`.dynamic_tree`).
 
 ``sage trtllm-serve`` checks the config against its tier's table before anything starts
-(:func:`.config.check_sage_config`); ``docs/runtime-support.md`` shows both.
+(:func:`.config.check_sage_config`); ``docs/reference/runtime-support.md`` shows both.
 """
 
 from __future__ import annotations
@@ -46,12 +46,15 @@ _TIERS = {
     "tier_probe_confidence": "no tiers",
     "tier_bound_slack": "no tiers",
     "tier_acceptance": "no tiers",
+    "tier_control": "no tiers",
+    "tier_request_gate": "no tiers",
     "tier_off_lag": "no tiers",
     "tier_off_decode": "no tiers",
     "ragged_verify": "no tiers",
     "tier_alpha_bins": "no tiers",
     "cpu_overlap": "TensorRT-LLM's own disable_overlap_scheduler decides (the drafter needs it off)",
     "tp_sync": "the drafter proposes one chain for every rank",
+    "opt_out_params": "the drafter proposes for every request of the step",
     "lookahead": _NO_COST,
     "price_level_host": _NO_COST,
     "cpu_draft_dtype": "GPU only: the drafter runs in the engine's dtype",

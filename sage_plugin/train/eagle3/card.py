@@ -39,7 +39,9 @@ def model_card(record: dict) -> str:
         else ""
     )
     if a.get("answers_dir"):
-        served += " They are kept in the repository's `train-data/answers` (`--answers-dir`, docs/training-data.md)."
+        served += (
+            " They are kept in the repository's `train-data/answers` (`--answers-dir`, docs/design/training-data.md)."
+        )
     speed = (f" --amp {a['amp']}" if a.get("amp", "auto") != "auto" else "") + (
         f" --length-groups {a['length_groups']}" if a.get("length_groups", 1) > 1 else ""
     )

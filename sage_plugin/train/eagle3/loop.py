@@ -148,8 +148,8 @@ def batch_rows(rows: list[int], lengths: list[int], step: int, batch: int, seed:
 
     ``groups`` = 1: ``batch`` rows drawn uniformly without replacement.  ``groups`` = G > 1 (``--length-groups``):
     ``G * batch`` rows drawn, sorted by window length and cut into G blocks, one block taken at random, so a batch
-    holds windows of similar length (little padding: on the SmolLM2 features batch 8 pads 1.37x the tokens it
-    trains without grouping) while every row stays equally likely in every step.
+    holds windows of similar length (little padding, where uniform batches of mixed lengths pad to well above the
+    tokens they train) while every row stays equally likely in every step.
 
     >>> batch_rows(list(range(10)), [5, 1, 9, 3, 7, 2, 8, 4, 6, 0], step=0, batch=2, seed=0, groups=4)
     [8, 4]

@@ -21,6 +21,8 @@ from typing import Any, Callable
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
+#: the shipped CPU config every SAGE server of the tier starts from
+CPU_CONFIG = REPO / "engine_configs" / "sglang" / "smollm2_cpu_sage.yaml"
 #: The SmolLM2 target used as both target and (STANDALONE) draft in launch tests.
 TARGET_DIR = Path.home() / ".cache" / "sage_plugin" / "smollm2-135m-instruct-f32"
 RESULT_PREFIX = "RESULT "
@@ -104,6 +106,38 @@ def launch_servers(env: dict[str, str], *launches: tuple[list[str], Path]) -> li
             server.stop()
         raise
     return servers
+
+
+def draft_dir(target: Path) -> Path:
+    """The bundled trained draft (else the target's first 4 layers)."""
+    from sage_plugin.models import bundled_draft_dir, truncated_draft
+
+    return bundled_draft_dir() or truncated_draft(target, 4)
+
+
+@pytest.fixture(scope="package")
+def servers(target_dir, launch_env, tmp_path_factory):
+    """``(plain, sage)``, shared by the modules of this tier: plain SGLang with the shipped CPU YAML's non-speculative
+    flags and SAGE from the YAML itself (the bundled trained draft), both accepting custom logit processors.
+
+    Plain runs without the overlap scheduler: with it, SGLang 0.5.23's plain decoding feeds the frequency / presence /
+    repetition penalizers one token late (``docs/user-guide/serving-sglang.md``, "Request parameters"), and SAGE gives
+    plain decoding's exact output, which is the scheduler-independent one.  Outputs without those penalties are the
+    same either way."""
+    from sage_plugin.bench.serving import plain_flags
+
+    logs = tmp_path_factory.mktemp("sglang_logs")
+    extra = ["--enable-custom-logit-processor"]
+    plain, sage = launch_servers(
+        launch_env,
+        (["--model-path", str(target_dir), *plain_flags(CPU_CONFIG), "--disable-overlap-schedule", *extra],
+         logs / "plain.log"),
+        (["--config", str(CPU_CONFIG), "--model-path", str(target_dir), "--speculative-draft-model-path",
+          str(draft_dir(target_dir)), "--enable-metrics", *extra], logs / "sage.log"),
+    )  # fmt: skip
+    yield plain, sage
+    sage.stop()
+    plain.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,10 @@
 """End to end on CPU: ``python -m sglang.launch_server --config engine_configs/sglang/smollm2_cpu_sage.yaml``.
 
-Two servers started as a user would (module-scoped, in their own process groups, torn down at the end): plain
-decoding and SAGE (from the YAML engine config, draft = the bundled trained draft, else the target's first 4
-layers).  Greedy outputs must be token-identical; concurrency, abort and KV-pool accounting are checked on the
-SAGE server.  The same YAML with an EAGLE head (random: no trained EAGLE-1 head exists for SmolLM2) and with the
-bundled trained EAGLE-3 head as the draft must resolve to ``SAGE_EAGLE``/``SAGE_EAGLE3`` and give the plain server's
-tokens too; the trained head must also accept drafts.
+Two servers started as a user would (the tier's ``servers`` pair, ``conftest.py``: in their own process groups, torn
+down after the tier): plain decoding and SAGE (from the YAML engine config, draft = the bundled trained draft, else
+the target's first 4 layers).  Greedy outputs must be token-identical; concurrency, abort and KV-pool accounting are
+checked on the SAGE server; tiers, overlap scheduling and tensor parallelism on servers of their own.  EAGLE heads and
+every request parameter: ``test_conformance.py``.
 """
 
 from __future__ import annotations
@@ -14,29 +13,19 @@ import contextlib
 import threading
 import time
 import urllib.error
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("sglang")
 
 from sage_plugin.bench.serving import Server, parallel, plain_flags  # noqa: E402
-from sage_plugin.models import bundled_eagle3_dir  # noqa: E402
 
-from .conftest import REPO, launch_servers  # noqa: E402
-from .heads import make_eagle_head  # noqa: E402
+from .conftest import CPU_CONFIG, draft_dir, launch_servers  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-CPU_CONFIG = REPO / "engine_configs" / "sglang" / "smollm2_cpu_sage.yaml"
 #: the plain server: the same YAML without its speculative / SAGE keys (what ``sage bench-serving`` compares)
 PLAIN_FLAGS = plain_flags(CPU_CONFIG)
-
-
-def _draft_dir(target_dir: Path) -> Path:
-    from sage_plugin.models import bundled_draft_dir, truncated_draft
-
-    return bundled_draft_dir() or truncated_draft(target_dir, 4)
 
 
 def _prompts(n: int) -> list[str]:
@@ -47,20 +36,6 @@ def _prompts(n: int) -> list[str]:
 
     tok = load_tokenizer(TARGET_DIR)
     return [tok.decode(render_chat(tok, p)) for p in mixed_text_prompts(n)]
-
-
-@pytest.fixture(scope="module")
-def servers(target_dir, launch_env, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("sglang_logs")
-    plain, sage = launch_servers(
-        launch_env,
-        (["--model-path", str(target_dir), *PLAIN_FLAGS], logs / "plain.log"),
-        (["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
-          "--speculative-draft-model-path", str(_draft_dir(target_dir)), "--enable-metrics"], logs / "sage.log"),
-    )  # fmt: skip
-    yield plain, sage
-    sage.stop()
-    plain.stop()
 
 
 def test_greedy_outputs_equal_plain_serving_on_20_prompts(servers, kv_start):
@@ -133,48 +108,6 @@ def test_kv_pool_returns_to_its_starting_free_size(servers, kv_start):
     assert info["kv_available_tokens"] == kv_start, (info, kv_start)
 
 
-def _bundled_eagle3(target_dir: Path, out: Path) -> Path:
-    head = bundled_eagle3_dir()
-    assert head is not None, "the trained EAGLE-3 head ships in sage_plugin/assets/drafts/smollm2-eagle3"
-    return head
-
-
-#: the bundled EAGLE-3 head's mean SGLang accept length must reach this (measured 2026-11-25: see the model card)
-EAGLE3_MIN_ACCEPT = 1.3
-
-
-@pytest.mark.parametrize(("kind", "make", "algorithm"),
-                         [("eagle", make_eagle_head, "SAGE_EAGLE"), ("eagle3", _bundled_eagle3, "SAGE_EAGLE3")])  # fmt: skip
-def test_eagle_heads_equal_plain(servers, target_dir, launch_env, tmp_path, kind, make, algorithm):
-    """``--speculative-algorithm sage`` with an EAGLE/EAGLE3 head: resolved to its variant, token-identical output
-    (the EAGLE3 head is the bundled trained one: its drafts are accepted too)."""
-    plain, _ = servers
-    head = make(target_dir, tmp_path / kind)
-    # the trained head at SAGE's one largest shape: every step drafts, so the accept length measures the head
-    single = ["--sage-tiers", "[]"] if kind == "eagle3" else []
-    server = Server(["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
-                     "--speculative-draft-model-path", str(head), *single], launch_env, tmp_path / f"{kind}.log")  # fmt: skip
-    try:
-        prompts = _prompts(8)
-        ref = parallel(lambda p: plain.generate(p, 24), prompts)
-        got = parallel(lambda p: server.generate(p, 24), prompts)
-        info = server.get("/server_info")
-    finally:
-        server.stop()
-    assert f"is an {kind.upper()} draft head: running as {algorithm}" in (tmp_path / f"{kind}.log").read_text()
-    assert info["speculative_algorithm"] == algorithm
-    for r, g in zip(ref, got):
-        assert g["output_ids"] == r["output_ids"], (r["text"], g["text"])
-        assert g["meta_info"]["spec_verify_ct"] >= 1
-        summary = g["meta_info"]["sage"][0]
-        assert summary["rounds"] + summary["off_steps"] == g["meta_info"]["spec_verify_ct"]
-    sage = info["internal_states"][0]["sage"]
-    assert sage["sage_rounds"] > 0 and 0.0 <= sage["sage_mean_alpha"] <= 1.0
-    if kind == "eagle3":
-        accept = [g["meta_info"]["spec_accept_length"] for g in got]
-        assert sum(accept) / len(accept) >= EAGLE3_MIN_ACCEPT, accept
-
-
 def test_logprobs_match_plain(servers):
     """``return_logprob`` through SAGE's steps (whichever tiers the chooser runs: drafted ones, the off tier's DECODE
     forward of offstep.py): the same tokens with the log-probabilities plain serving reports for them, and the same
@@ -220,7 +153,7 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
     plain, _ = servers
     tiers = [[0, 1], [1, 2], [3, 5], [6, 11]]
     server = Server(["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
-                     "--speculative-draft-model-path", str(_draft_dir(target_dir)),
+                     "--speculative-draft-model-path", str(draft_dir(target_dir)),
                      "--sage-tiers", str(tiers), "--sage-tier-probe-every", "2", "--sage-tier-off-lag", "8",
                      "--sage-cpu-overlap", "true", "--sage-ragged-verify", "true"],
                     launch_env, tmp_path / "tiers.log")  # fmt: skip
@@ -291,7 +224,7 @@ def test_tensor_parallel_tiers_equal_plain(target_dir, launch_env, tmp_path):
         env,
         (["--model-path", str(target_dir), *PLAIN_FLAGS, "--tp-size", "2"], tmp_path / "plain_tp2.log"),
         (["--config", str(CPU_CONFIG), "--model-path", str(target_dir),
-          "--speculative-draft-model-path", str(_draft_dir(target_dir)), "--tp-size", "2",
+          "--speculative-draft-model-path", str(draft_dir(target_dir)), "--tp-size", "2",
           "--sage-tiers", str(tiers), "--sage-tier-probe-every", "2"], tmp_path / "sage_tp2.log"),
     )  # fmt: skip
     try:

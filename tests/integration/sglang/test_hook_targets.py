@@ -20,6 +20,9 @@ from sage_plugin.runtimes.sglang.hooks import (  # noqa: E402
     ADD_SPECULATIVE_STATE,
     AMX_EXTEND_METADATA,
     COMPUTE_LM_HEAD,
+    COPY_FOR_FORWARD,
+    CUMULATE_PENALTY,
+    EAGLE_SAMPLE,
     FROM_CLI_ARGS,
     GATHER_SPEC_EXTRAS,
     HOOK_TARGETS,
@@ -47,6 +50,20 @@ HOOK_SHAPES = {
     UNQUANTIZED_LINEAR: (None, ["self", "layer", "x", "bias"]),
     GATHER_SPEC_EXTRAS: (None, ["indices", "topk_p_buf", "topk_index_buf", "output_tokens_buf", "hidden_states_buf"]),
     AMX_EXTEND_METADATA: (None, ["self", "forward_batch"]),
+    EAGLE_SAMPLE: (
+        None,
+        [
+            "verify_input",
+            "batch",
+            "logits_output",
+            "grammar_mask",
+            "uno_target_max_top_k",
+            "watermark_state",
+            "watermark_full_mask",
+        ],
+    ),  # fmt: skip
+    COPY_FOR_FORWARD: (None, ["self"]),
+    CUMULATE_PENALTY: (None, ["self"]),
     LLAVA_QWEN_INIT: (None, ["self", "config", "quant_config", "prefix"]),
     LLAVA_LOAD_WEIGHTS: (None, ["self", "weights"]),
     LLAVA_FORWARD: (None, ["self", "input_ids", "positions", "forward_batch"]),
@@ -114,6 +131,11 @@ USED_SYMBOLS = [
     # CPU sampling verify (hook #6): the verify's helpers it relies on
     "sglang.srt.speculative.eagle_utils.sampling_softmax",
     "sglang.srt.speculative.eagle_utils._verify_coins",
+    # exact request parameters (hooks #13-15, penalties.py): the penalizer classes and fields they read
+    "sglang.srt.sampling.penaltylib.BatchedFrequencyPenalizer",
+    "sglang.srt.sampling.penaltylib.BatchedPresencePenalizer",
+    "sglang.srt.sampling.penaltylib.BatchedRepetitionPenalizer",
+    "sglang.srt.sampling.penaltylib.BatchedMinNewTokensPenalizer",
     # Prometheus gauges (hook #7): SGLang's labels and its metrics interval
     "sglang.srt.observability.metrics_collector.SchedulerMetricsCollector.log_stats",
 ]

@@ -12,7 +12,7 @@
   so the reservation SGLang makes before the worker picks a tier is never short.
 
 The end-to-end run (a CPU server cycling tiers, outputs equal to plain, KV pool back to its start) is
-``test_e2e_serving.py::test_tiers_cycle_and_equal_plain``; real CUDA graph capture needs a GPU (``docs/sglang.md``).
+``test_e2e_serving.py::test_tiers_cycle_and_equal_plain``; real CUDA graph capture needs a GPU (``docs/design/sglang-internals.md``).
 """
 
 from __future__ import annotations

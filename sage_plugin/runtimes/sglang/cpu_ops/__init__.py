@@ -1,7 +1,7 @@
 """Pure-PyTorch CPU implementations of the ``sgl_kernel`` CPU ops SGLang 0.5.23 calls on its speculative CPU path.
 
 The PyPI ``sgl_kernel`` is a CUDA build and registers none of the ``torch.ops.sgl_kernel.*_cpu`` ops that
-SGLang's CPU speculative path needs (``docs/sglang.md``, "On a CPU-only machine").  :func:`register_cpu_ops` defines them with
+SGLang's CPU speculative path needs (``docs/user-guide/serving-sglang.md``, "On a CPU-only machine").  :func:`register_cpu_ops` defines them with
 ``torch.library`` (only where nobody defined them yet) and binds this package's functions as their CPU kernels.
 SGLang's Python wrappers and the ``intel_amx`` attention backend look the ops up in ``torch.ops.sgl_kernel``
 at call time, so registering is enough.  The package imports only torch and the standard library (never

@@ -119,7 +119,7 @@ def _slot_table(op: str, req_to_token: torch.Tensor, req_pool_indices: torch.Ten
     The columns are cut before the rows are gathered: ``req_to_token`` is ``[max requests + 1, context length]``
     (8,192 columns for SmolLM2), so gathering whole rows copied ~30x the slots a call reads (one call per layer), and
     a copy that large is split over torch's intra-op threads, which on a 2-core machine waits for the other core
-    whenever another process holds it (docs/sglang.md, "Slot tables cut before the gather").
+    whenever another process holds it (docs/design/sglang-internals.md, "CPU paths").
     """
     if width > req_to_token.shape[1]:
         raise RuntimeError(f"{op}: sequence length {width} exceeds req_to_token's {req_to_token.shape[1]} columns")

@@ -22,11 +22,21 @@ thresholds 1): coin 0.6 -> a: acc 0.5, 0.6 >= 0.5, rejected (draft_probs[root, a
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from ._common import _flat_out, _write_accepted_paths
 
-__all__ = ["top_k_renorm_prob_cpu", "top_p_renorm_prob_cpu", "tree_speculative_sampling_target_only_cpu"]
+__all__ = [
+    "cpu_sampling_kernels_in_place",
+    "top_k_renorm_prob_cpu",
+    "top_p_renorm_prob_cpu",
+    "tree_speculative_sampling_target_only_cpu",
+]
+
+EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
+_cpu_kernels_ready = False  # eagle_utils holds the CPU sampling kernels (set once by cpu_sampling_kernels_in_place)
 
 
 def _per_row(value: torch.Tensor | float | int, rows: int, dtype: torch.dtype) -> torch.Tensor:
@@ -149,3 +159,26 @@ def tree_speculative_sampling_target_only_cpu(
     out[ri[b, node]] = sampled.to(out.dtype)
 
     _write_accepted_paths(accept_index, accept_token_num, acc)
+
+
+def cpu_sampling_kernels_in_place() -> bool:
+    """Fill ``eagle_utils``' missing (``None``) sampling kernels with the CPU ones; whether all three are there.
+
+    Done once per process: the answer is kept, so a verify step pays one global lookup.
+    """
+    global _cpu_kernels_ready
+    if _cpu_kernels_ready:
+        return True
+    module = sys.modules.get(EAGLE_UTILS)  # the caller's module: already imported
+    if module is None:
+        return False
+    kernels = {
+        "tree_speculative_sampling_target_only": tree_speculative_sampling_target_only_cpu,
+        "top_k_renorm_prob": top_k_renorm_prob_cpu,
+        "top_p_renorm_prob": top_p_renorm_prob_cpu,
+    }
+    for name, kernel in kernels.items():
+        if getattr(module, name, None) is None:
+            setattr(module, name, kernel)
+    _cpu_kernels_ready = all(getattr(module, name, None) is not None for name in kernels)
+    return _cpu_kernels_ready

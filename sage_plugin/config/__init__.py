@@ -1,7 +1,7 @@
 """`SageConfig`: the one frozen, validated configuration object of the project.
 
 Every SAGE knob (paper defaults, arXiv 2602.00523) and every point the paper leaves open
-(``docs/algorithm.md``, numbered 1..11 below) is a field here with its recommended default.  Runtimes
+(``docs/design/algorithm.md``, numbered 1..11 below) is a field here with its recommended default.  Runtimes
 (the reference engine, the SGLang adapter) and the bench read this object; nothing else reads
 knobs, and no function reads environment variables.
 
@@ -12,7 +12,7 @@ A bad value raises :class:`ConfigError` naming the field and its allowed range::
     ...
     sage_plugin.config.ConfigError: d_min must be an integer in [1, 64], got 0
 
-Open points (``docs/algorithm.md``) and their switches:
+Open points (``docs/design/algorithm.md``) and their switches:
 
 ==  ===========================================  =====================  ==========================
 #   open point                                   field                  values (default first)
@@ -37,7 +37,7 @@ Open points (``docs/algorithm.md``) and their switches:
 
 Point 4's default departs from the recommended reading (``joint``, the paper's formal inclusion rule): under
 greedy verification the joint reading keeps confident paths shorter than ``D`` even with a perfect draft (the
-measurement is in ``docs/algorithm.md``, "Open points").  ``joint`` stays a switch (bench ablation
+measurement is in ``docs/design/algorithm.md``, "Open points").  ``joint`` stays a switch (bench ablation
 ``sage-theta-joint``).
 
 Beyond the paper: ``node_budget`` (``auto``, ``fixed``).  ``fixed`` verifies every node SAGE builds (at most
@@ -47,95 +47,98 @@ maximises expected tokens per second under the target's verify cost measured on 
 same for 1 or 64 tokens (a GPU at small batch) the two agree.  Only SAGE uses it: the baselines keep their
 published shapes.  With ``auto``, ``pad_forwards`` (default on) runs each verify and draft level at the cheapest
 measured size at or above its own (masked padding rows), and prices each size by that: on a CPU whose BLAS is slow at
-2-3 rows a 3-token verify costs more than an 8-token one (``docs/algorithm.md``, "sizing trees to the device").
+2-3 rows a 3-token verify costs more than an 8-token one (``docs/design/algorithm.md``, "sizing trees to the device").
 ``cost_refresh`` R re-prices the measured curve every R rounds from the medians of the run's own forward timings
 (:mod:`sage_plugin.engines.cost_samples`); 0 (default) keeps the start-up sample, so that within one engine a
 seeded sampling run repeats exactly (the tree shapes, and with them the random draws, follow the prices).
 
-Serving tiers: ``tiers`` lists the ``[steps, draft_tokens]`` shapes a graph-capturing runtime (SGLang) prepares at
-start-up, ``[0, 1]`` meaning speculation off; each step runs the one with the most expected tokens per second under
-the step costs measured on the device (:mod:`sage_plugin.core.tiers`), and SAGE shapes each request's tree inside it.
-
 Not every runtime honours every field: :mod:`sage_plugin.support` holds each runtime's declared table, and a
-runtime refuses a value it does not honour at launch (``docs/runtime-support.md``).
+runtime refuses a value it does not honour at launch (``docs/reference/runtime-support.md``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
-from .core.policies import POLICIES
-from .core.tiers import ACCEPTANCE_MODELS
-from .core.tree import MC_SIM_7B_63
+from ..core.policies import POLICIES
+from ..core.tiers import ACCEPTANCE_MODELS, TIER_CONTROLS
+from ..core.tree import MC_SIM_7B_63
+from .checks import (
+    ConfigError,
+    _bool,
+    _choice,
+    _float_in,
+    _int_in,
+    _validate_calibration,
+    _validate_tiers,
+    _validate_tree_choices,
+)
 
-__all__ = ["ConfigError", "SageConfig", "MC_SIM_7B_63", "from_mapping", "read_sage_yaml"]
-
-
-class ConfigError(ValueError):
-    """A configuration value is out of its allowed range (the message names the field)."""
-
-
-def _int_in(name: str, value: Any, lo: int, hi: int, why: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ConfigError(f"{name} must be an integer in [{lo}, {hi}]{why}, got {value!r}")
-
-
-def _float_in(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (lo < value if lo_open else lo <= value) and value <= hi
-    if not ok:
-        left = "(" if lo_open else "["
-        raise ConfigError(f"{name} must be a number in {left}{lo}, {hi}], got {value!r}")
-
-
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+__all__ = [
+    "ConfigError",
+    "SageConfig",
+    "MC_SIM_7B_63",
+    "OPT_OUT_PARAMS",
+    "from_mapping",
+    "opt_out_names",
+    "read_sage_yaml",
+]
 
 
-def _bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name} must be true or false, got {value!r}")
+#: request parameters ``opt_out_params`` may name (a request using one runs without speculation)
+OPT_OUT_PARAMS = (
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "logit_bias",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "sampling",
+)
 
 
 @dataclass(frozen=True, slots=True)
 class SageConfig:
     """All knobs of SAGE and its baselines.  Paper defaults [S], reconstructions [R]."""
 
-    # -- which tree policy builds the draft tree ------------------------------------------
-    policy: str = "sage"
-    # -- SAGE Eq. 7-12 [S] --------------------------------------------------------------------
+    # -- tree policy --------------------------------------------------------------------------
+    policy: str = "sage"  # the tree policy: sage, or a baseline the reference engine compares (core/policies.py)
+    # -- the SAGE shape (Eq. 7-12) [S] ------------------------------------------------------------
     k: int = 10  # top-k for the entropy (Eq. 7) and the candidate children per node
-    d_min: int = 3
-    d_max: int = 8
-    w_min: int = 2
-    w_max: int = 10
+    d_min: int = 3  # depth at alpha = 0 (Eq. 10: D = D_min + alpha (D_max - D_min))
+    d_max: int = 8  # depth at alpha = 1; the history controller moves it between d_min and d_cap
+    w_min: int = 2  # width at alpha = 1 (Eq. 11: W = W_min + (1 - alpha)(W_max - W_min))
+    w_max: int = 10  # width at alpha = 0
     n_max: int = 64  # node cap (draft nodes, root excluded)
     rerank_nodes: int = 0  # 0: the tree the levels keep (the paper's); N: its N best nodes by path value
     # rerank_pool: which nodes the final rerank (to rerank_nodes N, or n_max when 0) chooses from.  beam (default):
     # the W(alpha) best candidates of each level by path value are expanded, down to beam_depth; children: every child
     # of a node Eq. 10-12 expand is a candidate (EAGLE-2's pool); both expand only nodes still in the pool's N best.
     # kept: the nodes SAGE's levels keep (the paper's tree; rerank only with rerank_nodes N).  Not read with topology
-    # planned (its replay keeps the planned tree).  docs/algorithm.md, "What the rerank chooses from"
+    # planned (its replay keeps the planned tree).  docs/design/algorithm.md, "What the rerank chooses from"
     rerank_pool: str = "beam"
     # rerank_pool beam: the deepest level the beam grows (the rerank keeps a deep node only where its path value beats
     # a shallow one's; node_budget auto stops where the next level cannot pay).  Its own knob, not d_cap: d_cap bounds
     # the history controller's D_max and SGLang's derived draft steps.  Runtimes with a fixed draft beam (SGLang,
-    # TensorRT-LLM) draft their own --speculative-num-steps / max_draft_len instead.  docs/algorithm.md, "What the
-    # rerank chooses from"
+    # TensorRT-LLM) draft their own --speculative-num-steps / max_draft_len instead.  docs/design/algorithm.md, "What
+    # the rerank chooses from"
     beam_depth: int = 16
+    # -- trees sized to the device (reference engine) --------------------------------------------
     node_budget: str = "auto"  # auto: also the cost-optimal cut under the measured verify cost; fixed: n_max only
     pad_forwards: bool = True  # auto budget: run forwards at the cheapest measured size >= theirs, priced so
     cost_refresh: int = 0  # auto budget: re-price every R rounds from in-loop timing medians; 0: start-up only
     # calibrated path values (core/calibration.py): rows = parent-alpha bins, columns = draft-probability bins,
     # acceptance rates in (0, 1] (`sage calibrate` fits one); empty: the draft's own probabilities
     calibration: tuple[tuple[float, ...], ...] = ()
+    # -- serving tiers (SGLang) ----------------------------------------------------------------------
     # serving tiers (core/tiers.py): [steps, draft_tokens] shapes captured at start-up, one chosen per step by
     # measured tokens per second; [0, 1] is speculation off.  Empty: one shape (the largest SAGE can plan)
     tiers: tuple[tuple[int, ...], ...] = ()
@@ -156,26 +159,36 @@ class SageConfig:
     # alpha bin), width (one such model per verify width: tiers of the same draft tokens share it) or per_tier (each
     # tier's own moving averages); core/tiers.py
     tier_acceptance: str = "width"
+    # calibrated: acceptance per batch-size class and alpha bin with the draft's confidence as the prior, change
+    # detection, speculation off under doubt, admissions priced; measured: each bin's counts (docs/design/serving-control.md)
+    tier_control: str = "calibrated"
+    # a request whose own drafts keep failing stops speculating while its batch goes on (core/request_gate.py)
+    tier_request_gate: bool = False
     # steps the off tier may leave a standalone draft behind on CPU instead of running its draft extend; the draft
-    # catches up in one forward before the next drafted step (0: every off step runs the extend; docs/sglang.md,
-    # "Speculation off without the draft extend", measures both: no net gain on the 2-core CPU yet)
+    # catches up in one forward before the next drafted step (0: every off step runs the extend; a catch-up costs
+    # more than the extends it replaces once the off step runs as a DECODE forward; docs/design/sglang-internals.md,
+    # "The speculation-off tier")
     tier_off_lag: int = 0
     # the off tier's target forward runs as SGLang's DECODE forward instead of a one-node TARGET_VERIFY (CPU; same
-    # tokens, slots and logits; docs/sglang.md, "The speculation-off tier as a DECODE forward")
+    # tokens, slots and logits; docs/design/sglang-internals.md, "The speculation-off tier")
     tier_off_decode: bool = True
     # a drafted tier's verify computes only the nodes whose draft path probability reaches the tier chooser's
     # break-even (TierChooser.row_threshold, from the measured step costs at the batch size); greedy batches on CPU
-    # (docs/sglang.md, "A ragged verify")
+    # (docs/design/sglang-internals.md, "Ragged verify")
     ragged_verify: bool = False
-    # keep SGLang's overlap scheduler on a CPU server (it is on by default on GPUs); off by default on CPU, where it
-    # served 3-7% slower than without (docs/sglang.md, "Overlap scheduling"); on, the CPU runs the GPU's code path
+    # -- CPU serving and tensor parallelism ------------------------------------------------------
+    # keep SGLang's overlap scheduler on a CPU server (it is on by default on GPUs); off by default on CPU, where the
+    # step's host work has no device time to hide behind; on, the CPU runs the GPU's code path
+    # (docs/design/sglang-internals.md, "Overlap scheduling")
     cpu_overlap: bool = False
+    # -- trees sized to the device (reference engine) --------------------------------------------
     # node_budget auto: stop drafting when even the best the next level could add (one child per node of the last
     # level with its parent's probability) cannot pay for that level's forward (core/cost.next_level_can_pay)
     lookahead: bool = True
     # node_budget auto: price each drafted level's host time besides its forward (the policy's step and cut, the
     # engine's bookkeeping; the median of the run's last levels) with the forward, in the cut and the look-ahead
     price_level_host: bool = True
+    # -- CPU serving and tensor parallelism ------------------------------------------------------
     # the draft's linear weights on CPU: bfloat16 = stored in bfloat16 and widened to float32 by the rows kernel as
     # they stream (half the bytes of a memory-bound draft forward; float32 products), float32 = as loaded.  Lossless
     # either way (the target verifies); the draft's distribution moves by bfloat16 rounding.  GPUs: the server dtype
@@ -187,45 +200,51 @@ class SageConfig:
     cpu_lean_draft: bool = True
     # tensor parallelism: broadcast each step's verified tree (and the tier chooser's alpha) from rank 0, so ranks
     # whose draft scores differ still verify the same tokens: auto = where SGLang itself broadcasts the verify result
-    # (ROCm, a batch with sampling requests), tree = every step, off = never (docs/sglang.md, "Tensor parallelism")
+    # (ROCm, a batch with sampling requests), tree = every step, off = never (docs/design/sglang-internals.md,
+    # "Tensor parallelism")
     tp_sync: str = "auto"
+    # request parameters (comma-separated, OPT_OUT_PARAMS) whose requests run without speculation inside a batch that
+    # speculates (they verify their root only); penalties, min_tokens and min_p are exact under SAGE without it
+    opt_out_params: str = ""
+    # -- level thresholds and the first round [S] ------------------------------------------------------
     theta0: float = 0.1  # theta_l = theta0 * l / D
-    alpha_init: float = 0.5
+    alpha_init: float = 0.5  # alpha before a request has a draft distribution (and always, with use_entropy false)
     first_round_static: bool = True  # round 1 uses the static mc_sim_7b_63 tree (A.1)
     # -- history controller [S] + [R] ---------------------------------------------------------
-    use_history: bool = True
-    history_window: int = 10
-    history_lo: float = 2.0
-    history_hi: float = 3.0
-    history_step: int = 1  # open point 9
-    d_cap: int = 10  # open point 9
-    history_cooldown: str = "full_window"  # open point 9: full_window | none
-    history_tau: str = "drafts"  # open point 10: drafts | drafts_plus_bonus
+    use_history: bool = True  # False: D_max stays at d_max (ablation "entropy only")
+    history_window: int = 10  # rounds of accepted drafts averaged before D_max moves
+    history_lo: float = 2.0  # D_max down by history_step when the window's mean accepted drafts is below this
+    history_hi: float = 3.0  # D_max up by history_step when the window's mean is above this
+    history_step: int = 1  # open point 9: how far D_max moves at a time
+    d_cap: int = 10  # open point 9: the highest D_max the history controller reaches
+    history_cooldown: str = "full_window"  # open point 9: after D_max moves, wait a full new window, or none
+    history_tau: str = "drafts"  # open point 10: history_lo/hi in accepted drafts, or drafts_plus_bonus
     history_mode: str = "absolute"  # absolute: history_lo/hi (the paper's); relative: ratios to the running mean
     history_lo_ratio: float = 0.8  # relative mode: D_max down when the window mean < ratio x the running mean
     history_hi_ratio: float = 1.25  # relative mode: D_max up when the window mean > ratio x the running mean
-    # -- open points (see module docstring) ----------------------------------------------------
+    # -- the paper's open points ----------------------------------------------------------------
     use_entropy: bool = True  # False: alpha stays at alpha_init (ablation "history only")
-    alpha_source: str = "lag1"
-    rounding: str = "half_up"
-    clamp_level_width: bool = True
-    parent_prob: str = "conditional"
-    threshold_on: str = "conditional"  # open point 4: the spec recommends joint; see the module docstring
-    prob_space: str = "full"
-    budget_order: str = "best_first"
-    keep_top1: bool = True
-    topology: str = "online"
+    alpha_source: str = "lag1"  # open point 1: lag1 (the previous round's root), fresh (this round's), path_mean
+    rounding: str = "half_up"  # open point 2: how D, W and W_l are rounded (half_up, ceil, floor)
+    clamp_level_width: bool = True  # open point 2: W_l >= 1 (False: a level's width may round to 0)
+    parent_prob: str = "conditional"  # open point 3: P_parent in Eq. 12, the parent's own or its path probability
+    threshold_on: str = "conditional"  # open point 4: theta_l against the node's own or (joint) its path's probability
+    prob_space: str = "full"  # open point 5: W_l and theta_l read the full softmax (full) or the top-k renormalised
+    budget_order: str = "best_first"  # open point 6: order under n_max, by path probability or parent order
+    keep_top1: bool = True  # open point 7: always keep the root's rank-0 child (no empty tree)
+    topology: str = "online"  # open point 8: online (level by level from live probabilities) or planned (Alg. 1)
     # -- baselines -----------------------------------------------------------------------------
     eagle_depth: int = 7  # EAGLE-2 expansion levels (the baseline: depth 7, top-k 10, 60 nodes)
     eagle_total_tokens: int = 60  # EAGLE-2 final rerank budget (draft nodes)
-    chain_depth: int = 5  # SD-Chain
+    chain_depth: int = 5  # SD-Chain: the draft's top-1 at each of this many levels
     topn_nodes: int = 60  # top-N tree (OPT-Tree style): nodes kept per level and verified
-    topn_threshold: float = 0.5  # ... grows a level while the expected gain of the previous one exceeds this
-    topn_max_depth: int = 10  # ... and at most this deep
+    topn_threshold: float = 0.5  # top-N tree: grows a level while the previous one gained more than this
+    topn_max_depth: int = 10  # top-N tree: at most this many levels
+    # the static tree (SD-Tree baseline, SAGE's first round): rank paths from the root, SpecVLM's 25-node mc_sim_7b_63
     static_tree: tuple[tuple[int, ...], ...] = field(default=MC_SIM_7B_63)
     # -- VLM draft-side visual-token pruning (SpecVLM) ------------------------------------------
-    prune_ratio_image: float = 0.8
-    prune_ratio_video: float = 0.9
+    prune_ratio_image: float = 0.8  # share of a VLM draft's image tokens pruned from its prompt
+    prune_ratio_video: float = 0.9  # share of a VLM draft's video tokens pruned from its prompt
 
     def __post_init__(self) -> None:
         _choice("policy", self.policy, tuple(POLICIES))
@@ -251,6 +270,8 @@ class SageConfig:
         _int_in("tier_alpha_bins", self.tier_alpha_bins, 0, 64)
         _float_in("tier_bound_slack", self.tier_bound_slack, 0.0, 1.0)
         _choice("tier_acceptance", self.tier_acceptance, ACCEPTANCE_MODELS)
+        _choice("tier_control", self.tier_control, tuple(TIER_CONTROLS))
+        _bool("tier_request_gate", self.tier_request_gate)
         _int_in("tier_off_lag", self.tier_off_lag, 0, 1024)
         _bool("tier_off_decode", self.tier_off_decode)
         _bool("ragged_verify", self.ragged_verify)
@@ -260,6 +281,10 @@ class SageConfig:
         _choice("cpu_draft_dtype", self.cpu_draft_dtype, ("bfloat16", "float32"))
         _bool("cpu_lean_draft", self.cpu_lean_draft)
         _choice("tp_sync", self.tp_sync, ("auto", "tree", "off"))
+        if not isinstance(self.opt_out_params, str):
+            raise ConfigError(f"opt_out_params must be a comma-separated list of {', '.join(OPT_OUT_PARAMS)}")
+        for name in opt_out_names(self.opt_out_params):
+            _choice("opt_out_params", name, OPT_OUT_PARAMS)
         _choice("rerank_pool", self.rerank_pool, ("kept", "children", "beam"))
         _int_in("beam_depth", self.beam_depth, 1, 64)
         if self.rerank_nodes and self.topology == "planned":
@@ -341,6 +366,15 @@ class SageConfig:
         return from_mapping(read_sage_yaml(path, section=section))
 
 
+def opt_out_names(opt_out_params: str) -> tuple[str, ...]:
+    """``opt_out_params`` as names.
+
+    >>> opt_out_names("presence_penalty, sampling")
+    ('presence_penalty', 'sampling')
+    """
+    return tuple(p.strip() for p in opt_out_params.split(",") if p.strip())
+
+
 def read_sage_yaml(path: str | Path, *, section: str | None = "sage", label: str | None = None) -> dict[str, Any]:
     """The SageConfig fields of a YAML file, unvalidated: the one reader of SAGE YAML (reference and runtimes).
 
@@ -391,52 +425,3 @@ def from_mapping(values: Mapping[str, Any]) -> SageConfig:
             raise ConfigError(f"tiers must be a list of [steps, draft_tokens] pairs, got {tiers!r}")
         kwargs["tiers"] = tuple(tuple(t) for t in tiers)
     return SageConfig(**kwargs)
-
-
-def _validate_calibration(table: Any) -> None:
-    """Empty, or 1-64 rows of the same 1-64 numbers in (0, 1]."""
-    if table == ():
-        return
-    if not isinstance(table, tuple) or not all(isinstance(r, tuple) for r in table):
-        raise ConfigError(f"calibration must be a list of rows of acceptance rates, got {table!r}")
-    widths = {len(r) for r in table}
-    if not 1 <= len(table) <= 64 or len(widths) != 1 or not 1 <= widths.pop() <= 64:
-        raise ConfigError("calibration must have 1-64 rows (alpha bins) of one length 1-64 (probability bins)")
-    for r in table:
-        for v in r:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
-                raise ConfigError(f"calibration values must be numbers in (0, 1], got {v!r}")
-
-
-def _validate_tiers(tiers: Any) -> None:
-    """Empty, or 1-16 distinct ``[steps, draft_tokens]`` pairs: ``[0, 1]`` (off) or steps 1-64 with 2-1025 tokens."""
-    if tiers == ():
-        return
-    if not isinstance(tiers, tuple) or not all(isinstance(t, tuple) for t in tiers) or not 1 <= len(tiers) <= 16:
-        raise ConfigError(f"tiers must be a list of 1-16 [steps, draft_tokens] pairs, got {tiers!r}")
-    for t in tiers:
-        ints = len(t) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in t)
-        if not ints or not (t == (0, 1) or (1 <= t[0] <= 64 and 2 <= t[1] <= 1025)):
-            raise ConfigError(
-                "tiers: every tier must be [steps, draft_tokens] with steps in [1, 64] and draft_tokens in "
-                f"[2, 1025] (the root counts), or [0, 1] for speculation off; got {list(t)!r}"
-            )
-    if len(set(tiers)) != len(tiers):
-        raise ConfigError(f"tiers must be distinct, got {[list(t) for t in tiers]!r}")
-
-
-def _validate_tree_choices(name: str, paths: Any, k: int) -> None:
-    if not isinstance(paths, tuple) or not paths:
-        raise ConfigError(f"{name} must be a non-empty list of rank paths, got {paths!r}")
-    seen = set()
-    for p in paths:
-        if not isinstance(p, tuple) or not p or not all(isinstance(r, int) and 0 <= r < k for r in p):
-            raise ConfigError(f"{name}: every rank path must be a non-empty list of ranks in [0, {k - 1}], got {p!r}")
-        seen.add(p)
-    if len(seen) != len(paths):
-        raise ConfigError(f"{name} contains duplicate rank paths")
-    for p in paths:
-        if len(p) > 1 and p[:-1] not in seen:
-            raise ConfigError(
-                f"{name}: path {list(p)} has no parent path {list(p[:-1])} (tree must be ancestor-closed)"
-            )

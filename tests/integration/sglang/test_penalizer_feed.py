@@ -1,0 +1,101 @@
+"""SAGE's reading and feeding of SGLang 0.5.23's penalizers (``runtimes/sglang/penalties.py``) against SGLang's own.
+
+* :func:`advance_penalizers` feeding ``L`` tokens per request at once leaves every penalizer exactly as SGLang's
+  ``cumulate_output_tokens`` called ``L`` times;
+* with drafted paths, every node's logits penalised by the core (:func:`penalty_terms`, ``tree_penalties``) equal
+  SGLang's orchestrator fed that node's path, in the order plain decoding applies them (the forward copy's summed
+  additive penalties, then the scaling ones; ``orchestrator.apply`` without ``repeat`` follows the penalizer set's
+  order instead, which no decode step uses).
+"""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from sglang.srt.sampling import penaltylib  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+
+from sage_plugin.core.penalties import path_tokens, tree_penalties  # noqa: E402
+from sage_plugin.runtimes.sglang.penalties import advance_penalizers, penalty_terms  # noqa: E402
+
+VOCAB = 32
+PENALIZERS = {
+    penaltylib.BatchedFrequencyPenalizer,
+    penaltylib.BatchedMinNewTokensPenalizer,
+    penaltylib.BatchedPresencePenalizer,
+    penaltylib.BatchedRepetitionPenalizer,
+}
+
+
+class _Batch:
+    """What the orchestrator reads of a ScheduleBatch (held by weak reference, so a class of its own)."""
+
+    def __init__(self, reqs: list) -> None:
+        self.reqs, self.device = reqs, "cpu"
+
+
+def _orchestrator(params: list[dict]) -> penaltylib.BatchedPenalizerOrchestrator:
+    tokenizer = SimpleNamespace(additional_stop_token_ids=None, eos_token_id=2)
+    reqs = [
+        SimpleNamespace(sampling_params=SamplingParams(**p), eos_token_ids={2}, tokenizer=tokenizer) for p in params
+    ]
+    batch = _Batch(reqs)
+    orchestrator = penaltylib.BatchedPenalizerOrchestrator(VOCAB, batch, PENALIZERS)
+    orchestrator._keep = batch  # the orchestrator holds its batch by weak reference
+    return orchestrator
+
+
+PARAMS = [
+    {"frequency_penalty": 0.5, "presence_penalty": 0.25, "repetition_penalty": 1.5, "min_new_tokens": 4},
+    {"frequency_penalty": 1.0, "min_new_tokens": 9},
+    {"repetition_penalty": 1.25, "presence_penalty": -0.5},
+]
+
+
+def _state(orchestrator: penaltylib.BatchedPenalizerOrchestrator) -> dict[str, torch.Tensor]:
+    return {f"{type(p).__name__}.{k}": v.clone() for p in orchestrator.penalizers.values() for k, v in vars(p).items()
+            if isinstance(v, torch.Tensor)}  # fmt: skip
+
+
+def test_feeding_several_tokens_at_once_equals_sglang_one_at_a_time():
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 8, (len(PARAMS), 5), generator=gen)  # small range: repeats
+    ours, theirs = _orchestrator(PARAMS), _orchestrator(PARAMS)
+    advance_penalizers(ours, tokens, torch.full((len(PARAMS),), tokens.shape[1]))
+    for j in range(tokens.shape[1]):
+        theirs.cumulate_output_tokens(tokens[:, j])
+    want = _state(theirs)
+    assert want and _state(ours).keys() == want.keys()
+    for name, value in _state(ours).items():
+        assert torch.equal(value, want[name]), name
+
+
+def test_core_terms_penalise_as_sglang_and_each_node_as_its_path():
+    gen = torch.Generator().manual_seed(1)
+    history = torch.randint(0, 8, (len(PARAMS), 3), generator=gen)
+    orchestrator = _orchestrator(PARAMS)
+    for j in range(history.shape[1]):
+        orchestrator.cumulate_output_tokens(history[:, j])
+    # tree per request: root -> 1 -> 2, root -> 3 (parents before children)
+    parent = torch.tensor([[-1, 0, 1, 0]] * len(PARAMS))
+    drafted = torch.randint(0, 8, (len(PARAMS), 4), generator=gen)
+    logits = torch.randn(len(PARAMS) * 4, VOCAB, generator=gen)
+    got = logits.clone()
+    additive, scaling = penalty_terms(orchestrator)
+    tree_penalties(got, path_tokens(parent, drafted, 2), additive=additive, scaling=scaling)
+    chains = {0: [], 1: [1], 2: [1, 2], 3: [3]}
+    for node, chain in chains.items():
+        fed = copy.deepcopy(orchestrator)
+        fed._keep = orchestrator._keep
+        fed._batch_ref = orchestrator._batch_ref
+        for i in chain:
+            fed.cumulate_output_tokens(drafted[:, i])
+        want = logits[node::4].clone()
+        fed.apply(want, repeat=1)  # additive terms, then scaling: the order of the sampler's forward copy
+        assert torch.allclose(got[node::4], want, atol=1e-6, equal_nan=True), node

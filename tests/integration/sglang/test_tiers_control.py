@@ -1,0 +1,186 @@
+"""The acceptance-calibrated tier control inside SGLang's adaptive machinery, with a recorded-acceptance stand-in draft.
+
+A :class:`SageTierController` (SGLang's ``AdaptiveController`` keyed by SAGE tier) over the recording worker of
+``test_tiers_capture.py`` is driven the way the SAGE worker drives it (request keys and ``activate_step_by_batch`` at
+the step's start, the step's time through ``record_times``, ``on_verify_complete`` with the accept counts), with a
+stand-in draft whose acceptance was recorded before the run: each request's drafts agree with the target for a
+recorded number of tokens, so a tier of ``s`` steps accepts ``min(agreement, s)`` drafts and a request the gate
+stops accepts none (its root is verified alone).  Step costs are the 2-core CPU's (``docs/design/sglang-internals.md``: batch 16 off
+145 ms, ``[1, 2]`` 202 ms, ``[3, 4]`` 368 ms; batch 4 between batch 1's and batch 16's).
+
+* the draft's acceptance collapses mid-run (level 1 from 75% to 5%): the calibrated control is at the off tier
+  within a bounded number of steps, drafts little while it stays collapsed, and is back to speculation within the
+  probe back-off once acceptance recovers; the measured control (``tier_control: measured``) takes far longer;
+* with the per-request gate, two requests whose drafts collapse stop speculating while the other six go on;
+* two tensor-parallel ranks timing their steps and prefill passes differently choose the same tiers and masks.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sage_plugin.config import SageConfig  # noqa: E402
+from sage_plugin.core.tiers import Tier  # noqa: E402
+from sage_plugin.runtimes.sglang.tiers import (  # noqa: E402
+    RankZeroTimes,
+    SageTierController,
+    request_gate,
+    tier_chooser,
+)
+
+from .test_tiers_capture import RecordingWorker  # noqa: E402
+
+TIERS = ((0, 1), (1, 2), (3, 4))
+#: seconds a step, by batch size and the tier's draft steps
+COSTS = {4: {0: 0.100, 1: 0.112, 3: 0.170}, 16: {0: 0.145, 1: 0.202, 3: 0.368}}
+GOOD, BAD = (0.75, 0.6, 0.5), (0.05, 0.3, 0.3)  # level pass rates: in-domain, and a draft confident and wrong
+
+
+class RecordedDraft:
+    """Per step and request, the tokens the draft agrees with the target for, recorded (seeded) before the run from
+    per-phase level pass rates; ``phases`` is ``[(steps, rates for every request or per key)]``."""
+
+    def __init__(self, phases: list[tuple[int, object]], batch: int, seed: int = 0) -> None:
+        rng = random.Random(seed)
+        self.records: list[list[int]] = []
+        for steps, rates in phases:
+            for _ in range(steps):
+                row = []
+                for i in range(batch):
+                    h = rates[i] if isinstance(rates, dict) else rates
+                    n = 0
+                    while n < len(h) and rng.random() < h[n]:
+                        n += 1
+                    row.append(n)
+                self.records.append(row)
+
+    def accepted(self, step: int, tier: Tier, mask: list[bool] | None) -> list[int]:
+        return [0 if mask is not None and not mask[i] else min(a, tier.steps) for i, a in enumerate(self.records[step])]
+
+
+def _controller(control: str, gate: bool = False, shared_rank: int | None = None, broadcast=None):
+    cfg = SageConfig(k=4, w_max=4, tiers=TIERS, tier_control=control, tier_request_gate=gate)
+    chooser = tier_chooser(cfg)
+    shared = None if broadcast is None else RankZeroTimes(chooser, shared_rank, broadcast, every=8)
+    ctl = SageTierController(RecordingWorker(3, 4), chooser, shared, request_gate(cfg))
+    ctl.init_states()
+    return ctl
+
+
+def _drive(ctl: SageTierController, draft: RecordedDraft, bs: int, seed: int = 0, rank_noise: float = 0.0):
+    """Every recorded step through the controller; returns the tier and mask of each step."""
+    rng = random.Random(seed)
+    out = []
+    for step in range(len(draft.records)):
+        ctl.keys = list(range(bs))
+        ctl.activate_step_by_batch(bs)
+        tier, mask = ctl.active, ctl.mask
+        seconds = COSTS[bs][tier.steps] * (1 + 0.05 * rng.random() + rank_noise)
+        admitted = list(range(bs)) if step % 32 == 31 else None  # a prefill pass now and then (admissions)
+        times = [((tier, bs), seconds)] + ([((None, 0), 0.08 * (1 + rank_noise))] if admitted else [])
+        ctl.record_times(times, None)
+        ctl.end_step()
+        ctl.on_verify_complete(draft.accepted(step, tier, mask), bs)
+        out.append((tier, mask))
+    return out
+
+
+def _first_settled(tiers: list[Tier], start: int, off: bool, run: int = 8) -> int | None:
+    """Steps after ``start`` until ``run`` steps in a row are all off (``off``) or all drafted."""
+    for i in range(start, len(tiers) - run):
+        if all(t.off == off for t in tiers[i : i + run]):
+            return i - start
+    return None
+
+
+@pytest.mark.parametrize("bs, off_within", [(4, 24), (16, 4)])
+def test_a_collapse_of_acceptance_turns_speculation_off_and_its_recovery_back_on(bs, off_within):
+    draft = RecordedDraft([(300, GOOD), (300, BAD), (400, GOOD)], bs)
+    tiers = [t for t, _ in _drive(_controller("calibrated"), draft, bs)]
+    assert sum(not t.off for t in tiers[200:300]) >= 95  # in-domain: speculating
+    assert _first_settled(tiers, 300, off=True) <= off_within
+    assert sum(not t.off for t in tiers[300 + off_within + 8 : 600]) <= 0.12 * (300 - off_within - 8)  # probes only
+    # back within the probe back-off (probe_every 16 x probe_backoff 8 = 128 steps) and a few steps to settle
+    assert _first_settled(tiers, 600, off=False) <= 128 + 16
+    assert sum(not t.off for t in tiers[800:]) >= 0.95 * 200
+    # the measured control, whose long memory holds the in-domain acceptance, leaves speculation on far longer
+    measured = [t for t, _ in _drive(_controller("measured"), draft, bs)]
+    assert sum(not t.off for t in measured[300:600]) > 2 * sum(not t.off for t in tiers[300:600])
+
+
+def test_the_gate_stops_only_the_requests_whose_drafts_fail():
+    bs = 16
+    collapsed = {i: (BAD if i < 4 else GOOD) for i in range(bs)}
+    draft = RecordedDraft([(100, GOOD), (300, collapsed)], bs, seed=1)
+    steps = _drive(_controller("calibrated", gate=True), draft, bs)
+    tail = steps[200:]
+    assert sum(not t.off for t, _ in tail) >= 0.9 * len(tail)  # the batch goes on speculating
+    masked = [m for t, m in tail if not t.off and m is not None]
+    assert len(masked) >= 0.9 * len(tail)
+    share = [sum(m[i] for m in masked) / len(masked) for i in range(bs)]
+    assert max(share[:4]) <= 0.15  # the four collapsed requests speculate only on their probes
+    assert min(share[4:]) == 1.0  # the others every drafted step
+
+
+def test_tensor_parallel_ranks_choose_the_same_tiers_and_masks():
+    """Rank 1 times its steps and prefill passes 20% slower; through ``RankZeroTimes`` both ranks price with rank 0's
+    timings, so they choose the same tiers and masks at every step (the accept counts are the same on both)."""
+    bs = 16
+    collapsed = {i: (BAD if i < 4 else GOOD) for i in range(bs)}
+    draft = RecordedDraft([(60, GOOD), (200, collapsed), (60, BAD)], bs, seed=2)
+    messages: list = []
+
+    def broadcast(rank: int):
+        def send(t):
+            if rank == 0:
+                messages.append(t.clone())
+            else:
+                t.copy_(messages.pop(0))
+
+        return send
+
+    ctls = [_controller("calibrated", True, r, broadcast(r)) for r in (0, 1)]
+    runs = [[], []]
+    rngs = [random.Random(0), random.Random(0)]
+    for step in range(len(draft.records)):
+        for r, ctl in enumerate(ctls):  # rank 0 first: its share is what rank 1 receives
+            ctl.keys = list(range(bs))
+            ctl.activate_step_by_batch(bs)
+            tier, mask = ctl.active, ctl.mask
+            noise = 0.05 * rngs[r].random() + 0.2 * r
+            times = [((tier, bs), COSTS[bs][tier.steps] * (1 + noise))]
+            if step % 16 == 15:
+                times.append(((None, 0), 0.08 * (1 + noise)))
+            ctl.record_times(times, list(range(4)) if step % 50 == 49 else None)
+            ctl.end_step()
+            ctl.on_verify_complete(draft.accepted(step, tier, mask), bs)
+            runs[r].append((tier, mask))
+    assert runs[0] == runs[1]
+    assert ctls[0].chooser.summary() == ctls[1].chooser.summary()
+    assert any(t.off for t, _ in runs[0]) and any(m is not None for _, m in runs[0])  # both choices were exercised
+
+
+def test_speculate_mask_is_a_device_tensor_of_the_host_mask():
+    ctl = _controller("calibrated", gate=True)
+    assert ctl.speculate_mask("cpu") is None  # every request speculates
+    ctl.mask = [True, False, True]
+    mask = ctl.speculate_mask("cpu")
+    assert mask.dtype.is_floating_point is False and mask.tolist() == [True, False, True]
+
+
+def test_request_keys_are_sglangs_request_slots():
+    """The worker keys each request by its slot in SGLang's request pool, read from SGLang's own ``Req`` record."""
+    import types
+
+    from sglang.srt.managers.schedule_batch import ReqKvInfo
+
+    from sage_plugin.runtimes.sglang.tiers import request_keys
+
+    batch = types.SimpleNamespace(reqs=[types.SimpleNamespace(kv=ReqKvInfo(req_pool_idx=i)) for i in (5, 2, 9)])
+    assert request_keys(batch) == [5, 2, 9]
+    batch.reqs.append(types.SimpleNamespace(kv=ReqKvInfo()))  # a request without a slot yet: no keys, no gating
+    assert request_keys(batch) is None and request_keys(types.SimpleNamespace()) is None
