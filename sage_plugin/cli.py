@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from .cli_serving import serving_parser
+from .bench.serving_cli import serving_parser
 from .config import ConfigError, SageConfig
 
 logger = logging.getLogger("sage_plugin")
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             return bench_main(args)
         if args.command == "bench-serving":
-            from .cli_serving import serving_main
+            from .bench.serving_cli import serving_main
 
             return serving_main(args, dict(os.environ))
         if args.command == "build-vlm":

@@ -23,7 +23,7 @@ other candidates (the nodes are verified at no extra cost: the shape is fixed):
 
 Both groups are ancestor-closed (a pooled node's parent is pooled, or the root; a child's joint probability never
 exceeds its parent's), so the selection is a tree.  Returned indices are ascending (parents first), as runtimes
-expect.  The naive oracle is :func:`sage_plugin.core.reference.select_in_beam_ref`.
+expect.  The naive oracle is ``tests.oracles.beam.select_in_beam_ref``.
 
 Candidate layout of EAGLE's beam (:func:`eagle_beam_candidates`), ``t = topk``, per request::
 

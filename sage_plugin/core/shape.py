@@ -2,7 +2,7 @@
 
 Every consumer of SAGE calls these functions: the online tree policy (:mod:`.sage`, one level of live draft
 candidates at a time), the selection inside a fixed draft beam (:mod:`.budgeted`, SGLang) and the per-slot serving
-state (:mod:`.slots`).  The naive oracle of the same rules is :mod:`sage_plugin.core.reference.rules`.
+state (:mod:`.slots`).  The naive oracle of the same rules is ``tests/oracles/rules.py``.
 
 * :func:`choose_alpha`: which confidence shapes a round (open point 1: ``lag1`` / ``fresh`` / ``path_mean``;
   ``use_entropy=False`` pins ``alpha_init``).

@@ -17,7 +17,7 @@ bonus y not among the children is p(y): the walk is identical in law to drawing
 ``y ~ p(. | u)`` and moving to the child whose token is y.  We draw one ``y`` per node (Gumbel /
 exponential race, no host sync) and run the greedy walk on the drawn tokens; every node on the
 walked path uses a fresh independent draw, so the emitted sequence follows the target's
-distribution exactly.  :func:`sage_plugin.core.reference.rejection_verify_one` implements the
+distribution exactly.  ``tests.oracles.verify.rejection_verify_one`` implements the
 literal recursive-rejection loop and the tests check both against the target distribution.
 
 Example (tree of :mod:`sage_plugin.core.tree`)::

@@ -1,5 +1,5 @@
 """SAGE selection inside a fixed beam (:mod:`sage_plugin.core.budgeted`) against the shared naive oracle
-(:func:`sage_plugin.core.reference.select_in_beam_ref`, built on the same SAGE rule oracle as the tree builder)."""
+(:func:`tests.oracles.select_in_beam_ref`, built on the same SAGE rule oracle as the tree builder)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from sage_plugin.config import SageConfig
 from sage_plugin.core.budgeted import ShapedSelection, eagle_beam_candidates, select_shaped
-from sage_plugin.core.reference import select_in_beam_ref
-from sage_plugin.core.reference.rules import Margin
+from tests.oracles import select_in_beam_ref
+from tests.oracles.rules import Margin
 
 from .config_cases import SELECTION_SWITCHES as SWITCHES
 

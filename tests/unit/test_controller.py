@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sage_plugin.core.controller import HistoryState, history_init, history_update
-from sage_plugin.core.reference import history_init_ref, history_update_ref
+from tests.oracles import history_init_ref, history_update_ref
 
 
 @st.composite

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sage_plugin.core.entropy import topk_confidence, topk_entropy
-from sage_plugin.core.reference import topk_confidence_ref, topk_entropy_ref
+from tests.oracles import topk_confidence_ref, topk_entropy_ref
 
 
 @st.composite

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from sage_plugin.config import MC_SIM_7B_63, SageConfig
 from sage_plugin.core.expand import new_pool
 from sage_plugin.core.policies import POLICIES, PolicyState, build_policy, policy_class
-from sage_plugin.core.reference import build_tree_ref, greedy_verify_ref, init_state_ref, observe_ref
 from sage_plugin.core.sage import pool_of
-from sage_plugin.core.tree import choices_from_tree
 from sage_plugin.core.verify import greedy_verify
+from tests.oracles import build_tree_ref, greedy_verify_ref, init_state_ref, observe_ref
+from tests.oracles.tree_formats import choices_from_tree
 
 VOCAB = 24
 
@@ -403,7 +403,7 @@ def test_topn_matches_reference(seed, k, n, threshold, depth):
 
 
 def test_the_oracle_covers_every_registered_policy():
-    from sage_plugin.core.reference import SELECTORS
+    from tests.oracles import SELECTORS
 
     assert set(SELECTORS) == set(POLICIES)
 

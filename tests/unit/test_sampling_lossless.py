@@ -20,9 +20,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from sage_plugin.core.reference import children_ref, process_logits_ref, rejection_verify_one
 from sage_plugin.core.tree import DraftTree
 from sage_plugin.core.verify import sample_verify
+from tests.oracles import children_ref, process_logits_ref, rejection_verify_one
 
 VOCAB = 6
 # root(5) -> 2, 0, 4 ; 2 -> 1, 3 ; 0 -> 2 ; 4 -> 0, 5, 1

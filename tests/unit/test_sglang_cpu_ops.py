@@ -13,10 +13,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sage_plugin.core.tree import DraftTree, ancestor_mask, to_retrieve_arrays, tree_positions
+from sage_plugin.core.tree import DraftTree, ancestor_mask
 from sage_plugin.core.verify import walk_tree
 from sage_plugin.runtimes.sglang import cpu_ops
 from sage_plugin.runtimes.sglang.cpu_ops import CPU_OP_NAMES, FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING
+from tests.oracles.tree_formats import to_retrieve_arrays, tree_positions
 
 NS = "sage_test_sgl"
 SETTINGS = settings(max_examples=40, deadline=None)

@@ -1,4 +1,5 @@
-"""Batched tree layout helpers (sage_plugin.core.tree) against per-request references."""
+"""Batched tree layout helpers (sage_plugin.core.tree, and the test-only conversions in tests/oracles/tree_formats.py)
+against per-request references."""
 
 from __future__ import annotations
 
@@ -8,17 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sage_plugin.config import MC_SIM_7B_63
-from sage_plugin.core.reference import ancestor_mask_ref, positions_ref, retrieve_arrays_ref
-from sage_plugin.core.tree import (
-    DraftTree,
-    ancestor_mask,
+from sage_plugin.core.tree import DraftTree, ancestor_mask, codes_of_choices, path_code, tree_from_choices
+from tests.oracles import ancestor_mask_ref, positions_ref, retrieve_arrays_ref
+from tests.oracles.tree_formats import (
     choices_from_tree,
-    codes_of_choices,
     flatten_tree,
     parents_from_retrieve_arrays,
-    path_code,
     to_retrieve_arrays,
-    tree_from_choices,
     tree_positions,
 )
 

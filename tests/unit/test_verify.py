@@ -10,9 +10,9 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from sage_plugin.core.reference import greedy_verify_ref, process_logits_ref
 from sage_plugin.core.tree import DraftTree
 from sage_plugin.core.verify import greedy_verify, process_logits, sample_verify, walk_tree
+from tests.oracles import greedy_verify_ref, process_logits_ref
 
 VOCAB = 12
 

@@ -76,9 +76,9 @@ import logging
 from contextvars import ContextVar
 from typing import Any, Callable
 
-from . import llava_compat as llava
 from .args import STASH_ATTR, SageCliArgs, add_sage_arguments
 from .cpu_ops.sampling_ops import cpu_sampling_kernels_in_place
+from .llava_compat import LLAVA_HOOKS
 from .meta import spec_totals
 from .penalties import copy_for_forward, cumulate_penalty_output_tokens, eagle_sample
 
@@ -364,9 +364,7 @@ HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = (
     (EAGLE_SAMPLE, eagle_sample),
     (COPY_FOR_FORWARD, copy_for_forward),
     (CUMULATE_PENALTY, cumulate_penalty_output_tokens),
-    (llava.LLAVA_QWEN_INIT, llava.llava_qwen_init),
-    (llava.LLAVA_LOAD_WEIGHTS, llava.llava_load_weights),
-    (llava.LLAVA_FORWARD, llava.llava_forward),
+    *LLAVA_HOOKS,
 )
 HOOK_TARGETS: tuple[str, ...] = tuple(target for target, _ in HOOKS)
 

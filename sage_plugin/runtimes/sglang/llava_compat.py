@@ -37,6 +37,7 @@ import torch
 
 __all__ = [
     "LLAVA_FORWARD",
+    "LLAVA_HOOKS",
     "LLAVA_LOAD_WEIGHTS",
     "LLAVA_QWEN_INIT",
     "llava_forward",
@@ -88,3 +89,11 @@ def llava_forward(original: Callable[..., Any], self: Any, input_ids: Any, posit
     if forward_batch.forward_mode.is_target_verify():
         return self.language_model(input_ids, positions, forward_batch)
     return original(self, input_ids, positions, forward_batch, *args, **kwargs)
+
+
+#: ``(target, hook)`` of this module, in :data:`.hooks.HOOKS`
+LLAVA_HOOKS = (
+    (LLAVA_QWEN_INIT, llava_qwen_init),
+    (LLAVA_LOAD_WEIGHTS, llava_load_weights),
+    (LLAVA_FORWARD, llava_forward),
+)

@@ -7,7 +7,7 @@ import math
 import random
 from typing import Sequence
 
-from .layout import as_list, children_ref
+from tests.oracles.layout import as_list, children_ref
 
 __all__ = ["greedy_verify_ref", "process_logits_ref", "rejection_verify_one"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .trees import RefTree
+from tests.oracles.trees import RefTree
 
 __all__ = ["HistoryRef", "RefState", "history_init_ref", "history_update_ref", "init_state_ref", "observe_ref"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .rules import Margin, RefCand, sage_level_ref, static_level_ref
+from tests.oracles.rules import Margin, RefCand, sage_level_ref, static_level_ref
 
 __all__ = ["select_in_beam_ref"]
 

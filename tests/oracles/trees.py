@@ -29,8 +29,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .layout import as_list, topk_confidence_ref
-from .rules import Margin, RefCand, plan_ref, sage_level_ref, static_level_ref
+from tests.oracles.layout import as_list, topk_confidence_ref
+from tests.oracles.rules import Margin, RefCand, plan_ref, sage_level_ref, static_level_ref
 
 __all__ = ["SELECTORS", "RefNode", "RefTree", "build_tree_ref"]
 

@@ -1,8 +1,8 @@
 """The naive oracle of SAGE's shape rules (Eq. 9-12 and the inclusion rule), one request, float64 Python.
 
 Both fast paths are tested against these functions: the online tree policy (through
-:func:`~sage_plugin.core.reference.trees.build_tree_ref`) and the selection inside a fixed beam (through
-:func:`~sage_plugin.core.reference.beam.select_in_beam_ref`).  They are written as literally as possible, a loop
+:func:`~tests.oracles.trees.build_tree_ref`) and the selection inside a fixed beam (through
+:func:`~tests.oracles.beam.select_in_beam_ref`).  They are written as literally as possible, a loop
 over candidates, independently of :mod:`sage_plugin.core.shape`.
 
 :class:`Margin` records the smallest relative gap met in a decision that a float32-vs-float64 difference could
@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from .layout import topk_confidence_ref
+from tests.oracles.layout import topk_confidence_ref
 
 __all__ = ["Margin", "RefCand", "plan_ref", "round_ref", "sage_level_ref", "static_level_ref"]
 

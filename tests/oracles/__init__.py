@@ -15,14 +15,23 @@ Conventions shared with the batched code:
 
 Modules: :mod:`.layout` (confidence, masks, positions, index arrays), :mod:`.verify` (greedy, rejection
 sampling), :mod:`.rules` (the SAGE shape rules: plan, level selection, static selection), :mod:`.trees` (tree
-building for every policy), :mod:`.beam` (selection in a fixed beam), :mod:`.history` (controller, state).
+building for every policy), :mod:`.beam` (selection in a fixed beam), :mod:`.history` (controller, state),
+:mod:`.penalties` (per-node penalties), :mod:`.tree_formats` (the batched layout's test-only conversions: positions,
+SGLang's ``retrieve_*`` arrays, rank paths, CSR).  None of it ships in the wheel.
 """
 
 from __future__ import annotations
 
-from .beam import select_in_beam_ref
-from .history import HistoryRef, RefState, history_init_ref, history_update_ref, init_state_ref, observe_ref
-from .layout import (
+from tests.oracles.beam import select_in_beam_ref
+from tests.oracles.history import (
+    HistoryRef,
+    RefState,
+    history_init_ref,
+    history_update_ref,
+    init_state_ref,
+    observe_ref,
+)
+from tests.oracles.layout import (
     ancestor_mask_ref,
     children_ref,
     positions_ref,
@@ -30,9 +39,9 @@ from .layout import (
     topk_confidence_ref,
     topk_entropy_ref,
 )
-from .rules import Margin, RefCand, plan_ref, round_ref, sage_level_ref, static_level_ref
-from .trees import SELECTORS, RefNode, RefTree, build_tree_ref
-from .verify import greedy_verify_ref, process_logits_ref, rejection_verify_one
+from tests.oracles.rules import Margin, RefCand, plan_ref, round_ref, sage_level_ref, static_level_ref
+from tests.oracles.trees import SELECTORS, RefNode, RefTree, build_tree_ref
+from tests.oracles.verify import greedy_verify_ref, process_logits_ref, rejection_verify_one
 
 __all__ = [
     "SELECTORS",

@@ -1,7 +1,7 @@
 """``sage bench-serving``: SGLang with SAGE against plain SGLang (and SGLang's own speculative modes), side by side.
 
 :func:`serving_parser` adds the subcommand to ``sage``'s parser; :func:`serving_main` runs it (see
-:mod:`sage_plugin.bench.serving`, and :mod:`sage_plugin.bench.loadgen_run` for ``--load sglang``).
+:mod:`.serving`, and :mod:`.loadgen_run` for ``--load sglang``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import platform
 from pathlib import Path
 
-from .config import ConfigError
+from ..config import ConfigError
 
 
 def serving_parser(sub) -> None:
@@ -90,7 +90,11 @@ def serving_parser(sub) -> None:
 
 
 def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
-    from .bench.serving import (
+    from ..data.prompts import load_prompt_file, load_prompts, mixed_text_prompts, ood_prompts
+    from ..engines.vlm import ensure_vlm_demo
+    from ..models import bundled_draft_dir, bundled_eagle3_dir, ensure_smollm2
+    from ..runtimes.sglang.cpu_env import server_env
+    from .serving import (
         SERVING_METHODS,
         format_table,
         parse_serving_methods,
@@ -100,10 +104,6 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
         serving_variants,
         write_serving_plot,
     )
-    from .data.prompts import load_prompt_file, load_prompts, mixed_text_prompts, ood_prompts
-    from .engines.vlm import ensure_vlm_demo
-    from .models import bundled_draft_dir, bundled_eagle3_dir, ensure_smollm2
-    from .runtimes.sglang.cpu_env import server_env
 
     eagle3 = Path(args.eagle3_head) if args.eagle3_head else bundled_eagle3_dir()
     urls = parse_urls(args.url)
@@ -158,10 +158,10 @@ def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
 
 def _loadgen_main(args, config, target, draft, env, prompts, methods, eagle3, eagle3_config, urls) -> int:
     """``sage bench-serving --load sglang``: every method alone, driven by SGLang's load generator at each load."""
-    from .bench.loadgen import LoadSpec, parse_loads, write_custom_prompts
-    from .bench.loadgen_run import LoadBench, run_loadgen_bench
-    from .bench.serving import SERVING_METHODS, serving_variants
-    from .bench.serving_report import format_load_table, write_load_plots
+    from .loadgen import LoadSpec, parse_loads, write_custom_prompts
+    from .loadgen_run import LoadBench, run_loadgen_bench
+    from .serving import SERVING_METHODS, serving_variants
+    from .serving_report import format_load_table, write_load_plots
 
     if args.servers == "together":
         raise ConfigError("--load sglang runs one server at a time (--servers alternate)")
