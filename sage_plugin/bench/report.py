@@ -23,7 +23,10 @@ def _hist(values: list, bins: list[float] | None = None) -> dict[str, int]:
 
 
 def _per_category(r: MethodResult, categories: dict[str, str]) -> dict[str, dict]:
-    """``{category: {"tau", "requests", "exact_match"}}``: tau = decode tokens / target forwards of its requests."""
+    """``{category: {"tau", "accepted_per_round", "alpha", "requests", "exact_match"}}`` over each category's
+    requests: tau = decode tokens / target forwards, then the mean accepted drafts and root alpha of their rounds
+    (None for a method without rounds).  ``categories`` maps request ids to any grouping (a set's categories, or
+    the prompts' modalities)."""
     out: dict[str, dict] = {}
     for rid, toks in r.outputs.items():
         c = out.setdefault(categories.get(rid, "?"), {"tokens": 0, "forwards": 0, "requests": 0, "exact": 0})
@@ -31,16 +34,32 @@ def _per_category(r: MethodResult, categories: dict[str, str]) -> dict[str, dict
         c["forwards"] += r.forwards.get(rid, 0)
         c["requests"] += 1
         c["exact"] += rid not in {m["request_id"] for m in r.mismatches}
+    rounds: dict[str, list] = {}
+    for rid, x in r.rounds:
+        rounds.setdefault(categories.get(rid, "?"), []).append(x)
+
+    def mean(cat: str, attr: str) -> float | None:
+        xs = [getattr(x, attr) for x in rounds.get(cat, [])]
+        return round(sum(xs) / len(xs), 4) if xs else None
+
     return {
-        cat: {"tau": round(c["tokens"] / max(1, c["forwards"]), 4), "requests": c["requests"],
+        cat: {"tau": round(c["tokens"] / max(1, c["forwards"]), 4), "accepted_per_round": mean(cat, "tau"),
+              "alpha": mean(cat, "alpha"), "requests": c["requests"],
               "exact_match": round(c["exact"] / c["requests"], 4) if r.compared else None}
         for cat, c in sorted(out.items())
     }  # fmt: skip
 
 
-def summarize(results: dict[str, MethodResult], config: dict, categories: dict[str, str] | None = None) -> dict:
+def summarize(
+    results: dict[str, MethodResult],
+    config: dict,
+    categories: dict[str, str] | None = None,
+    modalities: dict[str, str] | None = None,
+) -> dict:
     """The ``--json`` document: ``{"methods": {NAME: {...}}, "config": {...}}``; with ``categories`` (request id ->
-    category) each method also has ``"per_category": {CATEGORY: {"tau", "requests", "exact_match"}}``."""
+    category) each method also has ``"per_category": {CATEGORY: {"tau", "accepted_per_round", "alpha", "requests",
+    "exact_match"}}``, and with ``modalities`` (request id -> ``"text"`` / ``"image"`` / ``"video"``) the same per
+    modality as ``"per_modality"``."""
     ar = results.get("ar")
     base = ar.tokens_per_s if ar is not None else float("nan")
     methods = {}
@@ -71,6 +90,8 @@ def summarize(results: dict[str, MethodResult], config: dict, categories: dict[s
         }
         if categories:
             methods[name]["per_category"] = _per_category(r, categories)
+        if modalities:
+            methods[name]["per_modality"] = _per_category(r, modalities)
     return {"methods": methods, "config": config}
 
 
@@ -91,18 +112,26 @@ def markdown_table(summary: dict, greedy: bool) -> str:
     return "\n".join(rows)
 
 
-def category_table(summary: dict) -> str | None:
-    """Markdown: tau by category (rows) and method (columns); None without categories."""
-    methods = {n: m["per_category"] for n, m in summary["methods"].items() if "per_category" in m}
+def category_table(summary: dict, key: str = "per_category") -> str | None:
+    """Markdown: tau by category (rows) and method (columns); None without two categories.  ``key="per_modality"``:
+    one row per modality, each cell ``tau (alpha)``, alpha the mean root confidence of the method's rounds."""
+    methods = {n: m[key] for n, m in summary["methods"].items() if key in m}
     cats = sorted({c for per in methods.values() for c in per})
     if not methods or len(cats) < 2:
         return None
     names = list(methods)
-    rows = ["| category | requests | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    head = "category" if key == "per_category" else "modality"
+    rows = [f"| {head} | requests | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+
+    def cell(m: dict) -> str:
+        alpha = m.get("alpha") if key != "per_category" else None
+        return f"{m['tau']:.2f}" + ("" if alpha is None else f" ({alpha:.2f})")
+
     for c in cats:
         n = next(per[c]["requests"] for per in methods.values() if c in per)
-        taus = [f"{methods[m][c]['tau']:.2f}" if c in methods[m] else "-" for m in names]
-        rows.append(f"| {c} | {n} | " + " | ".join(taus) + " |")
+        rows.append(
+            f"| {c} | {n} | " + " | ".join(cell(methods[m][c]) if c in methods[m] else "-" for m in names) + " |"
+        )
     return "\n".join(rows)
 
 

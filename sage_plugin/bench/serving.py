@@ -36,7 +36,7 @@ from typing import Any, Callable
 import yaml
 
 from ..config import ConfigError
-from ..data.prompts import Prompt, image_data_url, multimodal_messages, render_chat
+from ..data.prompts import Prompt, image_data_url, multimodal_messages, render_chat, video_frame_urls
 from ..models import load_tokenizer
 from .servers import SERVER_START_TIMEOUT_S, HttpServer, RemoteServer, Server, parallel, parse_urls
 from .serving_report import format_table, write_serving_plot
@@ -71,23 +71,30 @@ def plain_flags(config: Path) -> list[str]:
     return _yaml_flags(config, lambda key: not key.startswith(SPEC_KEY_PREFIXES))
 
 
-def serving_requests(prompts: list[Prompt], target: Path) -> list[dict[str, Any]]:
-    """``/generate`` payloads (``text`` and, for a prompt with an image, ``image_data``) of ``prompts``.
+def serving_requests(prompts: list[Prompt], target: Path, video_frames: int = 0) -> list[dict[str, Any]]:
+    """``/generate`` payloads (``text`` and, for a prompt with an image or a video, ``image_data`` or ``video_data``)
+    of ``prompts``; ``video_frames=N`` sends a video as N frames in ``image_data`` with ``modalities: ["video"]``
+    (LLaVA-OneVision in SGLang 0.5.23), one placeholder each.
 
     The text is the prompt rendered by the target's own chat template: its tokenizer's for text prompts, its
-    processor's (with the image placeholder where the image goes) for image prompts.
+    processor's (with the image or video placeholder where the medium goes) for the others.
     """
     from transformers import AutoProcessor
 
     tok = load_tokenizer(target)
-    processor = AutoProcessor.from_pretrained(str(target)) if any(p.image for p in prompts) else None
+    media = any(p.modality != "text" for p in prompts)
+    processor = AutoProcessor.from_pretrained(str(target)) if media else None
     out = []
     for p in prompts:
-        if p.image is None:
+        if p.modality == "text":
             out.append({"text": tok.decode(render_chat(tok, p))})
             continue
-        text = processor.apply_chat_template(multimodal_messages(p), add_generation_prompt=True, tokenize=False)
-        out.append({"text": text, "image_data": [image_data_url(p.image)]})
+        msgs = multimodal_messages(p)
+        media: dict[str, Any] = {f"{p.modality}_data": [image_data_url(p.video or p.image)]}
+        if p.video is not None and video_frames:
+            msgs[-1]["content"] = [msgs[-1]["content"][0]] * video_frames + msgs[-1]["content"][1:]
+            media = {"image_data": video_frame_urls(p.video, video_frames), "modalities": ["video"]}
+        out.append({"text": processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False), **media})
     return out
 
 

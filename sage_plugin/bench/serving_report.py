@@ -35,7 +35,8 @@ def _repeat_speedups(row: dict[str, Any], plain: dict[str, Any]) -> str:
 def format_table(report: dict[str, Any]) -> str:
     """Markdown table of :func:`run_serving_bench`'s report (speed-up: over ``plain`` at the same batch size)."""
     lines = [
-        f"SGLang serving, greedy, {report['max_new_tokens']} new tokens per request (draft: {report['draft']})",
+        f"SGLang serving, greedy, {report['max_new_tokens']} new tokens per request (prompts: "
+        f"{report.get('prompts', '-')}; draft: {report['draft']})",
         _load_line(report),
         _servers_line(report),
         "",

@@ -1,7 +1,7 @@
 """Evaluation prompts bundled with the package, as chat messages.
 
 The data lives in ``sage_plugin/assets/data`` (sources, licences and the one modified file are
-listed in ``assets/data/SOURCES.md``).  Four sets are available:
+listed in ``assets/data/SOURCES.md``).  Five sets are available:
 
 ============  =====  ==========================================================================
 dataset       count  user message (one turn, ``role="user"``)
@@ -14,6 +14,8 @@ dataset       count  user message (one turn, ``role="user"``)
                      newline, so the fence closes on its own line); id = ``task_id``
 ``vlm``          24  the question ``text`` verbatim; :attr:`Prompt.image` is the image path
                      (absolute, resolved under ``assets/data/vlm``); id = ``question_id``
+``vlm-video``     6  the question ``text`` verbatim; :attr:`Prompt.video` is the clip's path (a
+                     2 s MP4 under ``assets/data/vlm/videos``); id = ``question_id``
 ============  =====  ==========================================================================
 
 Besides, :func:`ood_prompts` reads the out-of-domain set (100 prompts of five task types unlike the bundled draft's
@@ -59,9 +61,10 @@ __all__ = [
     "multimodal_messages",
     "openai_messages",
     "render_chat",
+    "video_frame_urls",
 ]
 
-DATASETS: tuple[str, ...] = ("mt_bench", "gsm8k", "humaneval", "vlm")
+DATASETS: tuple[str, ...] = ("mt_bench", "gsm8k", "humaneval", "vlm", "vlm-video")
 """Every dataset name :func:`load_prompts` accepts."""
 
 TEXT_DATASETS: tuple[str, ...] = ("mt_bench", "gsm8k", "humaneval")
@@ -77,6 +80,7 @@ _FILES: dict[str, str] = {
     "gsm8k": "prompts/gsm8k_200.jsonl",
     "humaneval": "prompts/humaneval.jsonl",
     "vlm": "vlm/questions.jsonl",
+    "vlm-video": "vlm/video_questions.jsonl",
 }
 
 
@@ -85,7 +89,8 @@ class Prompt:
     """One evaluation prompt.
 
     ``messages`` are chat messages (``{"role": ..., "content": str}``) ready for
-    ``tokenizer.apply_chat_template``.  ``image`` is set for the ``vlm`` set only.
+    ``tokenizer.apply_chat_template``.  ``image`` is set for the ``vlm`` set only, ``video`` (a clip's path) for
+    ``vlm-video`` only.
     ``completion_prefix`` (no bundled set uses it) is text the assistant turn should start with;
     :func:`render_chat` appends its tokens after the generation prompt.  ``category`` is the set's own label
     (MT-Bench's ``writing``, ``coding``, ...; a prompt file's ``category``), None where there is none.
@@ -97,6 +102,12 @@ class Prompt:
     image: Path | None = None
     completion_prefix: str | None = None
     category: str | None = None
+    video: Path | None = None
+
+    @property
+    def modality(self) -> str:
+        """``"video"``, ``"image"`` or ``"text"``: what the prompt carries besides its text (reports group by it)."""
+        return "video" if self.video is not None else "image" if self.image is not None else "text"
 
 
 def data_dir() -> Path:
@@ -129,11 +140,11 @@ def _make(dataset: str, index: int, rec: Mapping[str, Any]) -> Prompt:
     if dataset == "humaneval":
         text = HUMANEVAL_PREFIX + rec["prompt"] + HUMANEVAL_SUFFIX
         return Prompt(id=str(rec["task_id"]), dataset=dataset, messages=_user(text))
-    if dataset == "vlm":
-        image = (data_dir() / "vlm" / rec["image"]).resolve()
+    if dataset in ("vlm", "vlm-video"):
+        media = {k: (data_dir() / "vlm" / rec[k]).resolve() for k in ("image", "video") if rec.get(k)}
         return Prompt(
-            id=str(rec["question_id"]), dataset=dataset, messages=_user(rec["text"]), image=image,
-            category=rec.get("category"),
+            id=str(rec["question_id"]), dataset=dataset, messages=_user(rec["text"]), category=rec.get("category"),
+            **media,
         )  # fmt: skip
     raise AssertionError(dataset)  # pragma: no cover - guarded by load_prompts
 
@@ -146,7 +157,7 @@ def load_prompts(dataset: str, limit: int | None = None) -> list[Prompt]:
     >>> load_prompts("squad")
     Traceback (most recent call last):
     ...
-    ValueError: unknown dataset 'squad'; expected one of ('mt_bench', 'gsm8k', 'humaneval', 'vlm')
+    ValueError: unknown dataset 'squad'; expected one of ('mt_bench', 'gsm8k', 'humaneval', 'vlm', 'vlm-video')
     """
     if dataset not in _FILES:
         raise ValueError(f"unknown dataset {dataset!r}; expected one of {DATASETS}")
@@ -202,15 +213,16 @@ def multimodal_messages(prompt: Prompt) -> list[dict]:
     """``prompt.messages`` in the Hugging Face multimodal chat format, for VLM processors.
 
     The last user message's content becomes ``[{"type": "image", "path": ...}, {"type": "text",
-    "text": ...}]``; prompts without an image are returned as plain text parts.
+    "text": ...}]`` (``"video"`` for a clip); prompts without media are returned as plain text parts.
     """
     msgs = [dict(m) for m in prompt.messages]
     for m in msgs:
         if isinstance(m.get("content"), str):
             m["content"] = [{"type": "text", "text": m["content"]}]
-    if prompt.image is not None:
+    if prompt.modality != "text":
+        path = prompt.video if prompt.video is not None else prompt.image
         last_user = max(i for i, m in enumerate(msgs) if m.get("role") == "user")
-        msgs[last_user]["content"] = [{"type": "image", "path": str(prompt.image)}, *msgs[last_user]["content"]]
+        msgs[last_user]["content"] = [{"type": prompt.modality, "path": str(path)}, *msgs[last_user]["content"]]
     return msgs
 
 
@@ -256,7 +268,7 @@ def load_prompt_file(
 
 
 def image_data_url(path: str | Path) -> str:
-    """A ``data:`` URL with the file's bytes in base64 (the OpenAI API's inline ``image_url``).
+    """A ``data:`` URL with the file's bytes in base64 (the OpenAI API's inline ``image_url`` or ``video_url``).
 
     >>> image_data_url(data_dir() / "vlm" / "clevr_examples" / "images" / "img5.png")[:22]
     'data:image/png;base64,'
@@ -266,16 +278,50 @@ def image_data_url(path: str | Path) -> str:
     return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
 
 
-def openai_messages(prompt: Prompt, images: Sequence[str | Path] = ()) -> list[dict]:
-    """``prompt.messages`` for ``/v1/chat/completions``: the last user turn gets ``image_url`` parts (base64 data
-    URLs) for ``prompt.image`` and then ``images``, before its text."""
+def openai_messages(
+    prompt: Prompt, images: Sequence[str | Path] = (), video_frames: int = 0, tag_multi_images: bool = False
+) -> list[dict]:
+    """``prompt.messages`` for ``/v1/chat/completions``: the last user turn gets a ``video_url`` part for
+    ``prompt.video``, then ``image_url`` parts for ``prompt.image`` and ``images`` (base64 data URLs), before its
+    text.
+
+    For LLaVA-OneVision, whose SGLang 0.5.23 processor reads only the first image unless told otherwise:
+    ``tag_multi_images`` marks each of several ``image_url`` parts ``"modalities": "multi-images"``, and
+    ``video_frames=N`` sends the video as N of its frames (:func:`video_frame_urls`), ``image_url`` parts marked
+    ``"modalities": "video"`` (how SGLang takes a LLaVA-OV video)."""
     msgs = [dict(m) for m in prompt.messages]
+    parts: list[dict] = []
+    if prompt.video is not None and video_frames:
+        parts = [{"type": "image_url", "image_url": {"url": u}, "modalities": "video"}
+                 for u in video_frame_urls(prompt.video, video_frames)]  # fmt: skip
+    elif prompt.video is not None:
+        parts = [{"type": "video_url", "video_url": {"url": image_data_url(prompt.video)}}]
     paths = ([prompt.image] if prompt.image is not None else []) + list(images)
-    if paths:
+    extra = {"modalities": "multi-images"} if tag_multi_images and len(paths) > 1 else {}
+    parts += [{"type": "image_url", "image_url": {"url": image_data_url(p)}, **extra} for p in paths]
+    if parts:
         last_user = max(i for i, m in enumerate(msgs) if m.get("role") == "user")
-        parts = [{"type": "image_url", "image_url": {"url": image_data_url(p)}} for p in paths]
         msgs[last_user]["content"] = [*parts, {"type": "text", "text": msgs[last_user]["content"]}]
     return msgs
+
+
+def video_frame_urls(path: str | Path, num_frames: int) -> list[str]:
+    """``num_frames`` frames of the video at ``path``, evenly spaced from the first to the last, as PNG ``data:``
+    URLs (decoded with torchcodec, which needs FFmpeg's libraries: ``tools/setup.sh``)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from torchcodec.decoders import VideoDecoder
+
+    decoder = VideoDecoder(str(path), dimension_order="NHWC")
+    idx = np.linspace(0, len(decoder) - 1, num_frames).round().astype(int).tolist()
+    urls = []
+    for frame in decoder.get_frames_at(idx).data.numpy():
+        buf = io.BytesIO()
+        Image.fromarray(frame).save(buf, format="PNG")
+        urls.append("data:image/png;base64," + base64.b64encode(buf.getvalue()).decode())
+    return urls
 
 
 def _as_int_list(out: Any) -> list[int]:

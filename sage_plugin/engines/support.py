@@ -1,6 +1,6 @@
 """The SageConfig fields the reference engine (``sage bench``, :class:`~sage_plugin.engines.speculative.SpecEngine`)
-honours: all of them but the video pruning ratio (it has no video inputs).  Checked by ``sage bench`` before any
-model loads (:meth:`sage_plugin.support.RuntimeSupport.check`)."""
+honours: all of them but the tier, overlap and tensor-parallel fields of the serving runtimes.  Checked by
+``sage bench`` before any model loads (:meth:`sage_plugin.support.RuntimeSupport.check`)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ __all__ = ["REFERENCE_SUPPORT"]
 
 _NOTES = {
     "prune_ratio_image": "with a VLM draft (sage bench --draft-vlm); a text draft sees no visual tokens",
+    "prune_ratio_video": "the same, on video prompts (sage bench --datasets vlm-video --draft-vlm)",
     "node_budget": "auto: the round cost is measured once per batch size on this device",
     "cpu_draft_dtype": "the run's draft (sage bench --set), where the CPU rows kernel builds; not per method",
     "cpu_lean_draft": "the run's draft (sage bench --set): engines/lean.py for Llama-family drafts; not per method",
 }
 _NO_TIERS = "one process, no captured graphs: node_budget auto sizes every round to the measured cost instead"
 _NOT_READ = {
-    "prune_ratio_video": "no video inputs in the reference engine",
     "tiers": _NO_TIERS,
     "tier_probe_every": _NO_TIERS,
     "tier_probe_backoff": _NO_TIERS,

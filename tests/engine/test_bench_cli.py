@@ -134,3 +134,24 @@ def test_bench_vlm_prompts(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["methods"]["sage"]["exact_match"] == 1.0
     assert "SmolVLM" in doc["config"]["target"] and "visual tokens removed" in doc["config"]["draft"]
+
+
+@pytest.mark.slow
+def test_bench_image_and_video_prompts_report_by_modality(tmp_path, capsys):
+    """``--datasets vlm,vlm-video`` with a VLM draft: the Qwen2.5-VL on SmolLM2 serves both, the draft prunes 80% of
+    an image's and 90% of a video's visual tokens, outputs stay exact, and the report has one row per modality with
+    its tau and mean root alpha."""
+    from sage_plugin.engines.vlm import ensure_qwen_vl_draft
+
+    out = tmp_path / "media.json"
+    argv = ["bench", "--datasets", "vlm,vlm-video", "--num-prompts", "2", "--max-new-tokens", "6", "--methods",
+            "ar,sage", "--warmup", "0", "--draft-vlm", str(ensure_qwen_vl_draft("qwen2_5_vl")), "--json", str(out),
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["methods"]["sage"]["exact_match"] == 1.0
+    assert "Qwen2.5-VL" in doc["config"]["target"] and "90% of video tokens pruned" in doc["config"]["draft"]
+    per = doc["methods"]["sage"]["per_modality"]
+    assert set(per) == {"image", "video"} and all(m["requests"] == 1 and m["tau"] >= 1.0 for m in per.values())
+    assert all(0.0 <= m["alpha"] <= 1.0 for m in per.values()), per
+    assert "by modality" in capsys.readouterr().out

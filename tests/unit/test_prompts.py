@@ -21,13 +21,13 @@ from sage_plugin.data.prompts import (
     render_chat,
 )
 
-EXPECTED_COUNTS = {"mt_bench": 80, "gsm8k": 200, "humaneval": 164, "vlm": 24}
+EXPECTED_COUNTS = {"mt_bench": 80, "gsm8k": 200, "humaneval": 164, "vlm": 24, "vlm-video": 6}
 SMOLLM2_DIR = Path.home() / ".cache" / "sage_plugin" / "smollm2-135m-instruct-f32"
 BUDGET_BYTES = 5_000_000
 
 
 def test_dataset_names():
-    assert DATASETS == ("mt_bench", "gsm8k", "humaneval", "vlm")
+    assert DATASETS == ("mt_bench", "gsm8k", "humaneval", "vlm", "vlm-video")
     assert TEXT_DATASETS == ("mt_bench", "gsm8k", "humaneval")
     assert set(TEXT_DATASETS) < set(DATASETS)
 
@@ -46,6 +46,8 @@ def test_every_dataset_loads_with_expected_count(dataset):
         assert isinstance(msg["content"], str) and msg["content"].strip()
         assert p.completion_prefix is None
         assert (p.image is not None) == (dataset == "vlm")
+        assert (p.video is not None) == (dataset == "vlm-video")
+        assert p.modality == {"vlm": "image", "vlm-video": "video"}.get(dataset, "text")
 
 
 @pytest.mark.parametrize("dataset", DATASETS)
@@ -152,12 +154,15 @@ def test_multimodal_messages():
     assert p.messages[0]["content"] == load_prompts("vlm", limit=1)[0].messages[0]["content"]  # not mutated
     t = load_prompts("gsm8k", limit=1)[0]
     assert multimodal_messages(t)[0]["content"] == [{"type": "text", "text": t.messages[0]["content"]}]
+    v = load_prompts("vlm-video", limit=1)[0]
+    assert multimodal_messages(v)[0]["content"][0] == {"type": "video", "path": str(v.video)}
 
 
 LICENCE_FILES = {
     "prompts": ["LICENSE.mt_bench", "LICENSE.gsm8k", "LICENSE.humaneval"],
     "vlm/clevr_examples": ["LICENSE", "README_excerpt.md"],
     "vlm/skimage_photos": ["LICENSE.txt", "IMAGE_PROVENANCE.txt"],
+    "vlm/videos": ["README.md"],
 }
 
 
@@ -312,3 +317,19 @@ def test_openai_messages_put_images_before_the_text():
         openai_messages(load_prompts("mt_bench", 1)[0])[0]["content"]
         == load_prompts("mt_bench", 1)[0].messages[0]["content"]
     )
+
+
+def test_video_prompts_and_clips():
+    """Every video prompt names a bundled MP4 clip (its ``ftyp`` box) that videos/README.md lists with the photo it
+    was made from; ``openai_messages`` sends it as a base64 ``video_url`` part before the text."""
+    from sage_plugin.data.prompts import openai_messages
+
+    readme = (data_dir() / "vlm" / "videos" / "README.md").read_text()
+    prompts = load_prompts("vlm-video")
+    for p in prompts:
+        assert p.video.is_relative_to((data_dir() / "vlm" / "videos").resolve()) and p.video.suffix == ".mp4"
+        assert p.video.read_bytes()[4:8] == b"ftyp"
+        assert p.video.name in readme
+    parts = openai_messages(prompts[0])[-1]["content"]
+    assert [q["type"] for q in parts] == ["video_url", "text"]
+    assert parts[0]["video_url"]["url"].startswith("data:video/mp4;base64,")

@@ -216,6 +216,23 @@ def test_text_draft_for_tiny_vlm(tiny, prompts):
     assert tokens == tiny.plain
 
 
+def test_video_prompts_prune_at_the_video_ratio_and_match_plain(tiny):
+    """Video prompts (bundled clips): plain decoding equals HF ``generate``; a draft pruning images at 0.5 prunes a
+    video's tokens at ``prune_ratio_video`` 0.9 and speculative decoding still gives plain decoding's tokens."""
+    videos = load_prompts("vlm-video", 2)
+    reqs = _requests(tiny.processor, videos)
+    assert all("pixel_values_videos" in r.mm.tensors for r in reqs)
+    plain = [o.tokens for o in SpecEngine(tiny.target_model).generate(_requests(tiny.processor, videos), SP, None)]
+    hf = _hf_greedy(tiny.target, reqs[0], 8)
+    assert hf == plain[0][: len(hf)]
+    draft = VLMModel(tiny.draft, tiny.processor, prune_ratio=0.5, role="draft", prune_ratio_video=0.9)
+    draft.prefill(reqs[1])
+    info = draft.last_prefill_info
+    assert info["n_visual"] > 10 and info["n_dropped"] == round(0.9 * info["n_visual"]), info
+    tokens, _ = _spec(SpecEngine(tiny.target_model, draft), tiny.processor, videos, "sage", 2)
+    assert tokens == plain
+
+
 def test_select_visual_keep():
     s = torch.tensor([0.05, 0.5, 0.05, 0.1, 0.1, 0.2])
     assert select_visual_keep(s, 6, 3).tolist() == [0, 1, 5]  # stage I {1}, stage II linspace over the rest
@@ -233,6 +250,8 @@ def test_vlm_model_argument_checks(tiny):
         VLMModel(tiny.target, tiny.processor, role="verifier")
     with pytest.raises(ValueError):
         VLMModel(tiny.target, tiny.processor, prune_ratio=1.0, role="draft")
+    with pytest.raises(ValueError, match="prune_ratio_video"):
+        VLMModel(tiny.target, tiny.processor, prune_ratio=0.5, role="draft", prune_ratio_video=1.0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,14 +47,16 @@ _CHATML_HEAD = (
     "<|im_start|>{{ message['role'] }}\n"
     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
     "{% for c in message['content'] %}"
-    "{% if c['type'] == 'image' %}{IMAGE}{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
+    "{% if c['type'] == 'image' %}{IMAGE}{% elif c['type'] == 'video' %}{VIDEO}"
+    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 
-def _chat_template(image: str, system: str) -> str:
-    return _CHATML_HEAD.replace("{SYSTEM}", system).replace("{IMAGE}", image)
+def _chat_template(image: str, system: str, video: str = "") -> str:
+    """ChatML with ``image`` / ``video`` where a message's image / video part goes (a model without video: none)."""
+    return _CHATML_HEAD.replace("{SYSTEM}", system).replace("{IMAGE}", image).replace("{VIDEO}", video)
 
 
 def _smollm2_tokenizer(extra: list[str]):
@@ -98,7 +100,11 @@ def _tiny_parts(kind: str, text_layers: int):
             image_processor=Qwen2VLImageProcessor(**small),
             video_processor=Qwen2VLVideoProcessor(**small),
             tokenizer=tok,
-            chat_template=_chat_template("<|vision_start|><|image_pad|><|vision_end|>", _TINY_SYSTEM),
+            chat_template=_chat_template(
+                "<|vision_start|><|image_pad|><|vision_end|>",
+                _TINY_SYSTEM,
+                "<|vision_start|><|video_pad|><|vision_end|>",
+            ),
         )
         rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
         text = _tiny_text_config(tok, text_layers, rope_parameters=rope)
@@ -152,7 +158,7 @@ def _tiny_parts(kind: str, text_layers: int):
             tokenizer=tok,
             num_image_tokens=16,
             vision_feature_select_strategy="full",
-            chat_template=_chat_template("<image>\n", _TINY_SYSTEM),
+            chat_template=_chat_template("<image>\n", _TINY_SYSTEM, "<video>\n"),
         )
         cfg = tf.LlavaOnevisionConfig(
             text_config=_tiny_text_config(

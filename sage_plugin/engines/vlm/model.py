@@ -25,6 +25,8 @@ SpecVLM draft-side pruning (``role="draft"``, ``prune_ratio = r > 0``)
 ----------------------------------------------------------------------
 ``round(r * n_visual)`` visual placeholder tokens (image/video pad tokens, not the
 start/end/row markers) are removed from the DRAFT's prefill only; the target always sees all.
+A request with a video (``pixel_values_videos``) prunes at ``prune_ratio_video`` instead (SAGE's
+defaults: 0.8 for images, 0.9 for videos; e.g. 48 video tokens at 0.9 keep 5).
 
 * **Scores** (:mod:`.scores`).  The target model (``role="target"``,
   ``collect_visual_scores=True``) measures, during its normal prefill, the attention of the text
@@ -147,6 +149,7 @@ class VLMModel(TextModel):
         model: ``...ForConditionalGeneration`` loaded with SDPA attention.
         processor: its processor (kept for callers; the prefill uses ``request.mm``).
         prune_ratio: fraction of visual tokens removed from the prefill (``role="draft"`` only).
+        prune_ratio_video: the same for a request with a video (None: ``prune_ratio``).
         role: ``"target"`` collects visual scores for the draft; ``"draft"`` prunes.
         attn_mass: SpecVLM stage-I attention share (see :func:`select_visual_keep`).
         score_fallback: ``"self"`` or ``"uniform"`` when the target left no scores.
@@ -164,18 +167,22 @@ class VLMModel(TextModel):
         score_fallback: Literal["self", "uniform"] = "self",
         score_queries: int = 128,
         collect_visual_scores: bool = True,
+        prune_ratio_video: float | None = None,
     ) -> None:
         super().__init__(model)
         if role not in ("target", "draft"):
             raise ValueError(f"role must be 'target' or 'draft', got {role!r}")
-        if not 0.0 <= prune_ratio < 1.0:
-            raise ValueError(f"prune_ratio must be in [0, 1), got {prune_ratio}")
-        if prune_ratio > 0 and role != "draft":
-            raise ValueError("visual-token pruning applies to the draft only")
+        video_ratio = prune_ratio if prune_ratio_video is None else prune_ratio_video
+        for name, value in (("prune_ratio", prune_ratio), ("prune_ratio_video", video_ratio)):
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {value}")
+            if value > 0 and role != "draft":
+                raise ValueError("visual-token pruning applies to the draft only")
         if score_fallback not in ("self", "uniform"):
             raise ValueError(f"score_fallback must be 'self' or 'uniform', got {score_fallback!r}")
         self.processor = processor
         self.prune_ratio = float(prune_ratio)
+        self.prune_ratio_video = float(video_ratio)
         self.role = role
         self.attn_mass = float(attn_mass)
         self.score_fallback = score_fallback
@@ -234,7 +241,8 @@ class VLMModel(TextModel):
         vis_pos = is_vis.nonzero().flatten()
         n_vis = vis_pos.numel()
         has_pixels = any(k.startswith("pixel_values") for k in kw)
-        n_drop = int(round(self.prune_ratio * n_vis)) if self.role == "draft" and has_pixels else 0
+        ratio = self.prune_ratio_video if "pixel_values_videos" in kw else self.prune_ratio
+        n_drop = int(round(ratio * n_vis)) if self.role == "draft" and has_pixels else 0
         info: dict = {"n_visual": n_vis, "n_dropped": n_drop, "score_source": None}
         keep = None
         if n_drop > 0:

@@ -12,10 +12,16 @@ embedding, so they never win the tied LM head's argmax.  SGLang fills the image 
 values and clamps them to ``vocab_size - 1`` in place before the draft runs its prefill, so a standalone text draft
 must embed ids up to 49155: :func:`build_vlm_text_draft` pads a SmolLM2 draft's vocabulary the same way.
 
-Example (what :func:`ensure_qwen_vl_smollm2` does, once per cache)::
+The bundled SmolLM2 EAGLE-3 head drafts for these targets too (SGLang's ``SAGE_EAGLE3``: the target captures three
+of SmolLM2's layers, which the head was trained on): :func:`build_vlm_eagle3_head` gives it the target's vocabulary
+size (it shares the target's embedding; its own reduced head and ``d2t`` map stay) and the target's M-RoPE section,
+so SGLang's ``LlamaForCausalLMEagle3`` reads the multimodal M-RoPE positions as a Qwen2.5-VL EAGLE-3 head does.
+
+Example (what :func:`ensure_qwen_vl_smollm2` and :func:`ensure_qwen_vl_eagle3` do, once per cache)::
 
     target = build_qwen_vl_smollm2(ensure_smollm2(), cache / "qwen2-vl-smollm2-135m", kind="qwen2_vl")
     draft = build_vlm_text_draft(bundled_draft_dir(), target, cache / "smollm2-draft-for-qwen-vl")
+    head = build_vlm_eagle3_head(bundled_eagle3_dir(), target, cache / "smollm2-eagle3-for-qwen2-vl")
 """
 
 from __future__ import annotations
@@ -26,14 +32,22 @@ from pathlib import Path
 
 import torch
 
-from sage_plugin.models import DEFAULT_CACHE_DIR, bundled_draft_dir, ensure_smollm2, truncated_draft
+from sage_plugin.models import (
+    DEFAULT_CACHE_DIR,
+    bundled_draft_dir,
+    bundled_eagle3_dir,
+    ensure_smollm2,
+    truncated_draft,
+)
 
 __all__ = [
     "mrope_section",
     "QWEN_VL_KINDS",
     "QWEN_VL_TOKENS",
     "build_qwen_vl_smollm2",
+    "build_vlm_eagle3_head",
     "build_vlm_text_draft",
+    "ensure_qwen_vl_eagle3",
     "ensure_qwen_vl_smollm2",
     "ensure_qwen_vl_draft",
 ]
@@ -65,6 +79,7 @@ _CHAT_TEMPLATE = (
     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
     "{% for c in message['content'] %}"
     "{% if c['type'] in ('image', 'image_url') %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif c['type'] in ('video', 'video_url') %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -224,11 +239,62 @@ def build_vlm_text_draft(draft_dir: Path, target_dir: Path, out_dir: Path) -> Pa
     return _save(out_dir, save)
 
 
+def build_vlm_eagle3_head(head_dir: Path, target_dir: Path, out_dir: Path) -> Path:
+    """A copy of the EAGLE-3 head in ``head_dir`` fitted to the VLM target in ``target_dir``; skips when
+    ``out_dir/config.json`` exists.
+
+    The head has no embedding of its own (SGLang hands it the target's), so only its config changes: ``vocab_size``
+    becomes the target language model's and ``rope_parameters`` takes the target's ``mrope_section`` (SGLang's
+    ``LlamaForCausalLMEagle3`` then rotates by the batch's M-RoPE positions, which equal the 1-D ones on text).
+    ``t2d`` (target -> draft membership) is padded with False for the new ids; weights, ``d2t`` and the reduced
+    head are unchanged.  The target's tokenizer files come along.
+    """
+    from safetensors.torch import load_file, save_file
+
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").is_file():
+        return out_dir
+    text = json.loads((Path(target_dir) / "config.json").read_text())
+    text = text.get("text_config", text)
+    cfg = json.loads((Path(head_dir) / "config.json").read_text())
+    cfg["vocab_size"] = text["vocab_size"]
+    mrope = (text.get("rope_parameters") or text.get("rope_scaling") or {}).get("mrope_section")
+    if mrope is not None:
+        cfg["rope_parameters"] = {**cfg.get("rope_parameters", {}), "mrope_section": list(mrope)}
+    weights = load_file(str(Path(head_dir) / "model.safetensors"))
+    if "t2d" in weights:
+        t2d = weights["t2d"]
+        weights["t2d"] = torch.cat([t2d, t2d.new_zeros(text["vocab_size"] - t2d.numel())])
+
+    def save(tmp: Path) -> None:
+        tmp.mkdir(parents=True)
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+        save_file(weights, str(tmp / "model.safetensors"))
+        for f in Path(target_dir).iterdir():
+            if f.name.startswith("tokenizer") or f.name == "chat_template.jinja":
+                shutil.copy(f, tmp / f.name)
+
+    return _save(out_dir, save)
+
+
+def ensure_qwen_vl_eagle3(kind: str = "qwen2_5_vl", cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
+    """The bundled SmolLM2 EAGLE-3 head fitted to the Qwen-VL-on-SmolLM2 target of ``kind``
+    (:func:`build_vlm_eagle3_head`), built once under ``cache_dir``."""
+    head = bundled_eagle3_dir()
+    if head is None:
+        raise FileNotFoundError("the bundled SmolLM2 EAGLE-3 head is missing from the package (sage_plugin/assets)")
+    target, _ = ensure_qwen_vl_smollm2(kind, cache_dir)
+    return build_vlm_eagle3_head(head, target, Path(cache_dir) / f"smollm2-eagle3-for-{target.name}")
+
+
 def ensure_qwen_vl_smollm2(kind: str = "qwen2_vl", cache_dir: Path = DEFAULT_CACHE_DIR) -> tuple[Path, Path]:
     """``(target_dir, draft_dir)``: the Qwen-VL-on-SmolLM2 target of ``kind`` and the bundled SmolLM2 draft padded to
     its vocabulary, built once under ``cache_dir`` (about a minute each on a 2-core CPU, then reused)."""
     name = {"qwen2_vl": "qwen2-vl-smollm2-135m", "qwen2_5_vl": "qwen2-5-vl-smollm2-135m"}[kind]
     target = build_qwen_vl_smollm2(ensure_smollm2(cache_dir), Path(cache_dir) / name, kind=kind)
+    template = target / "chat_template.jinja"  # a target built before the template placed videos gets it now
+    if template.is_file() and template.read_text() != _CHAT_TEMPLATE:
+        template.write_text(_CHAT_TEMPLATE)
     draft_src = bundled_draft_dir()
     if draft_src is None:
         raise FileNotFoundError("the bundled SmolLM2 draft is missing from the package (sage_plugin/assets/drafts)")

@@ -14,8 +14,9 @@ Modules (``docs/design/sglang-internals.md`` describes how they fit together):
 
 * :mod:`.args`: the ``--sage-*`` flags (generated from SageConfig), ``--sage-config``, SGLang draft sizes;
 * :mod:`.support`: the SageConfig fields the worker honours (checked at launch);
-* :mod:`.hooks`: the twelve ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling, CPU linear
-  layers, CPU tensor parallelism, CPU overlap scheduling, the CPU ragged verify; ``patches/INDEX.md``);
+* :mod:`.hooks`: every ``HookRegistry`` AROUND hook (flags, node choice, metrics, CPU sampling, CPU linear layers,
+  CPU tensor parallelism, CPU overlap scheduling, the CPU ragged verify, exact request parameters through
+  :mod:`.penalties`; each listed in ``patches/INDEX.md``);
 * :mod:`.algo`: ``SageSpecAlgo`` and its EAGLE variants, the server-args callbacks (imports SGLang);
 * :mod:`.worker`: the SAGE workers on SGLang's EAGLE v2 workers; :mod:`.selection` the plan and the node choice
   inside the captured draft step; :mod:`.tiers` the serving tiers on SGLang's adaptive runtime states;

@@ -1,6 +1,6 @@
-"""The only place SAGE patches SGLang: fifteen ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
+"""The only place SAGE patches SGLang: eighteen ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
 CPU linear layers, CPU tensor parallelism, CPU overlap scheduling, the CPU ragged verify's lengths, exact request
-parameters).
+parameters, LLaVA-OV's sub-configs, dtypes and verify forwards: :mod:`.llava_compat`).
 
 SGLang 0.5.23 has no API for plugin-owned command-line flags (``docs/design/sglang-internals.md``, "Flags"),
 so the plugin wraps the two functions of its parse path.  Each hook has an entry in ``patches/INDEX.md``;
@@ -78,6 +78,7 @@ from typing import Any, Callable
 
 from .args import STASH_ATTR, SageCliArgs, add_sage_arguments
 from .cpu_ops.sampling_ops import cpu_sampling_kernels_in_place
+from .llava_compat import LLAVA_HOOKS
 from .meta import spec_totals
 from .penalties import copy_for_forward, cumulate_penalty_output_tokens, eagle_sample
 
@@ -363,6 +364,7 @@ HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = (
     (EAGLE_SAMPLE, eagle_sample),
     (COPY_FOR_FORWARD, copy_for_forward),
     (CUMULATE_PENALTY, cumulate_penalty_output_tokens),
+    *LLAVA_HOOKS,
 )
 HOOK_TARGETS: tuple[str, ...] = tuple(target for target, _ in HOOKS)
 

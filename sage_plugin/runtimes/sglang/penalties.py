@@ -270,10 +270,10 @@ def eagle_sample(original: Callable[..., Any], verify_input: Any, batch: Any, lo
     else:
         grammar_mask = kwargs.pop("grammar_mask", None)
     module = sys.modules[EAGLE_UTILS]
-    min_p = not info.is_all_greedy and info.need_min_p_sampling
-    if min_p and logits.device.type == "cpu":
+    if not info.is_all_greedy and logits.device.type == "cpu":
         cpu_sampling_kernels_in_place()  # on CPU the tree sampling kernel is the plugin's, installed on first use
     kernel = module.tree_speculative_sampling_target_only
+    min_p = not info.is_all_greedy and info.need_min_p_sampling and kernel is not None  # the kernel wrapped, put back
     try:
         if snapshot is not None:
             parent = tree_parents(verify_input.retrieve_next_token, verify_input.retrieve_next_sibling)
@@ -290,11 +290,12 @@ def eagle_sample(original: Callable[..., Any], verify_input: Any, batch: Any, lo
                 grammar_mask.apply(logits)
                 grammar_mask = None
             _root_processors(logits, info, n)
-        if min_p and kernel is not None:
+        if min_p:
             module.tree_speculative_sampling_target_only = _min_p_kernel(kernel, info.min_ps)
         predict, accept_lens, accept_index = original(verify_input, batch, logits_output, grammar_mask, *args, **kwargs)
     finally:
-        module.tree_speculative_sampling_target_only = kernel
+        if min_p:  # only the kernel this call replaced: one installed meanwhile stays
+            module.tree_speculative_sampling_target_only = kernel
         for name, value in saved.items():
             setattr(info, name, value)
     if snapshot is not None:  # the accepted tokens, for the next step's unseen output

@@ -115,6 +115,25 @@ def draft_dir(target: Path) -> Path:
     return bundled_draft_dir() or truncated_draft(target, 4)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests on the shared :func:`servers` pair run after this tier's other tests (in their own order).
+
+    The pair lives until the tier ends (package scope); run first, its two idle servers would hold their memory while
+    the tier's other servers start, and on CPU SGLang sizes each KV pool from the free memory it measures while
+    loading.  Only this directory's items move, within the slots they already hold."""
+    here = Path(__file__).parent
+    slots = [i for i, item in enumerate(items) if here in Path(str(item.path)).parents]
+    mine = [items[i] for i in slots]
+
+    def on_pair(item: pytest.Item) -> bool:
+        module = getattr(item, "module", None)
+        return "servers" in getattr(item, "fixturenames", ()) and not hasattr(module, "servers")
+
+    ordered = [item for item in mine if not on_pair(item)] + [item for item in mine if on_pair(item)]
+    for i, item in zip(slots, ordered):
+        items[i] = item
+
+
 @pytest.fixture(scope="package")
 def servers(target_dir, launch_env, tmp_path_factory):
     """``(plain, sage)``, shared by the modules of this tier: plain SGLang with the shipped CPU YAML's non-speculative

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 pytest.importorskip("sglang")
 
 from sage_plugin.config import SageConfig  # noqa: E402
-from sage_plugin.runtimes.sglang import worker as worker_mod  # noqa: E402
+from sage_plugin.runtimes.sglang import draft_worker as worker_mod  # noqa: E402
 from sage_plugin.runtimes.sglang.draft_weights import rank_head_ids  # noqa: E402
 from sage_plugin.runtimes.sglang.worker import SageDraftWorker  # noqa: E402
 

@@ -98,7 +98,7 @@ def test_init_lm_head_stores_the_draft_with_or_without_a_token_map(cls_name, mon
     decoder) as it is."""
     import types
 
-    from sage_plugin.runtimes.sglang import worker as worker_mod
+    from sage_plugin.runtimes.sglang import draft_worker as worker_mod
 
     cls = getattr(worker_mod, cls_name)
     w = object.__new__(cls)

@@ -6,25 +6,22 @@ vocabulary, reading one placeholder id per image position.  Two servers (plain d
 ``engine_configs/sglang/qwen2_vl_smollm2_cpu_sage.yaml``) get the same requests: bundled licensed images as base64
 ``image_url`` parts in ``/v1/chat/completions``, text-only requests mixed in, two images in one request, and broken
 images.  Greedy outputs must be identical; a bad image is a 400 and the server goes on serving; the KV pool returns
-to its starting size.  Qwen2.5-VL gets the same identity check on fewer prompts.
+to its starting size.  Qwen2.5-VL gets the same identity check on fewer image prompts and on video prompts.
 """
 
 from __future__ import annotations
 
 import base64
-import json
-import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 pytest.importorskip("sglang")
 
-from sage_plugin.bench.serving import Server, parallel, plain_flags  # noqa: E402
+from sage_plugin.bench.serving import Server, parallel  # noqa: E402
 from sage_plugin.data.prompts import load_prompts, mixed_text_prompts, openai_messages  # noqa: E402
 
-from .conftest import REPO, launch_servers  # noqa: E402
+from .conftest import REPO  # noqa: E402
+from .mm_client import answer, bad_media, chat, kv_returns, launch_pair, serving_pair  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -32,48 +29,17 @@ CONFIGS = {
     "qwen2_vl": REPO / "engine_configs" / "sglang" / "qwen2_vl_smollm2_cpu_sage.yaml",
     "qwen2_5_vl": REPO / "engine_configs" / "sglang" / "qwen2_5_vl_smollm2_cpu_sage.yaml",
 }
-NEW_TOKENS = 24
 
 
-def _start(kind: str, launch_env, logs, *extra: str):
+def _models(kind: str):
     from sage_plugin.engines.vlm import ensure_qwen_vl_smollm2
 
-    target, draft = ensure_qwen_vl_smollm2(kind)
-    config = CONFIGS[kind]
-    plain, sage = launch_servers(
-        launch_env,
-        (["--model-path", str(target), *plain_flags(config)], logs / f"{kind}-plain.log"),
-        (["--config", str(config), "--model-path", str(target), "--speculative-draft-model-path", str(draft), *extra],
-         logs / f"{kind}-sage.log"),
-    )  # fmt: skip
-    return plain, sage
+    return (CONFIGS[kind], *ensure_qwen_vl_smollm2(kind))
 
 
 @pytest.fixture(scope="module")
 def servers(launch_env, target_dir, tmp_path_factory):
-    plain, sage = _start("qwen2_vl", launch_env, tmp_path_factory.mktemp("vlm_logs"))
-    yield plain, sage
-    sage.stop()
-    plain.stop()
-
-
-def chat(server: Server, messages: list[dict], max_tokens: int = NEW_TOKENS) -> dict:
-    payload = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
-    return server.post("/v1/chat/completions", payload)
-
-
-def _answer(reply: dict) -> tuple[str, int]:
-    return reply["choices"][0]["message"]["content"], reply["usage"]["completion_tokens"]
-
-
-def _post_status(server: Server, payload: dict) -> tuple[int, str]:
-    req = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/chat/completions",
-                                 data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})  # fmt: skip
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
+    yield from serving_pair(launch_env, tmp_path_factory.mktemp("vlm_logs"), *_models("qwen2_vl"))
 
 
 def test_image_prompts_equal_plain_serving(servers, kv_start):
@@ -81,7 +47,7 @@ def test_image_prompts_equal_plain_serving(servers, kv_start):
     msgs = [openai_messages(p) for p in load_prompts("vlm", 6)]
     ref = parallel(lambda m: chat(plain, m), msgs)
     got = parallel(lambda m: chat(sage, m), msgs)
-    assert [_answer(g) for g in got] == [_answer(r) for r in ref]
+    assert [answer(g) for g in got] == [answer(r) for r in ref]
     assert all(g["usage"]["prompt_tokens_details"]["image_tokens"] > 0 for g in got)
 
 
@@ -92,7 +58,7 @@ def test_text_and_image_requests_in_one_batch_equal_plain(servers, kv_start):
     mixed = [m for pair in zip(vlm, text) for m in pair]
     ref = parallel(lambda m: chat(plain, m), mixed)
     got = parallel(lambda m: chat(sage, m), mixed)
-    assert [_answer(g) for g in got] == [_answer(r) for r in ref]
+    assert [answer(g) for g in got] == [answer(r) for r in ref]
 
 
 def test_two_images_in_one_request(servers, kv_start):
@@ -101,7 +67,7 @@ def test_two_images_in_one_request(servers, kv_start):
     msgs = openai_messages(first, images=[second.image])
     one = chat(sage, openai_messages(first))
     ref, got = chat(plain, msgs), chat(sage, msgs)
-    assert _answer(got) == _answer(ref)
+    assert answer(got) == answer(ref)
     two_images = got["usage"]["prompt_tokens_details"]["image_tokens"]
     assert two_images > one["usage"]["prompt_tokens_details"]["image_tokens"] > 0
 
@@ -138,24 +104,14 @@ def test_sage_rounds_and_acceptance_on_image_prompts(servers, kv_start):
     ],
 )
 def test_bad_images_are_a_400_and_the_server_keeps_serving(servers, kv_start, url, what):
-    plain, sage = servers
-    payload = {"model": "default", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is this?"}]}]}  # fmt: skip
-    status, body = _post_status(sage, payload)
+    status, body, after, plain_after = bad_media(*servers, {"type": "image_url", "image_url": {"url": url}})
     assert status == 400, (what, status, body[:500])
-    ok = chat(sage, [{"role": "user", "content": "Say hello."}], max_tokens=8)
-    assert _answer(ok) == _answer(chat(plain, [{"role": "user", "content": "Say hello."}], max_tokens=8))
+    assert after == plain_after
 
 
 def test_kv_pool_returns_to_its_starting_free_size(servers, kv_start):
     _, sage = servers
-    sage.post("/flush_cache", {})
-    deadline = time.monotonic() + 60
-    while True:
-        info = sage.get("/server_info")["internal_states"][0]["sage"]
-        if info["kv_available_tokens"] == kv_start or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    info = kv_returns(sage, kv_start)
     assert info["kv_available_tokens"] == kv_start, (info, kv_start)
 
 
@@ -172,21 +128,24 @@ def test_a_multimodal_draft_is_refused_before_the_server_starts(launch_env, tmp_
                launch_env, tmp_path / "vlm-draft.log")  # fmt: skip
 
 
-def test_qwen2_5_vl_image_prompts_equal_plain(launch_env, target_dir, tmp_path):
+def test_qwen2_5_vl_image_and_video_prompts_equal_plain(launch_env, target_dir, tmp_path):
     """Qwen2.5-VL with tiers (a probe every 2 steps cycles them): drafted steps and speculation-off steps, whose
     forward runs as a DECODE forward (offstep.py) with the M-RoPE positions of the verify it replaces; drafted steps
-    verify ragged (``--sage-ragged-verify``, off in the VLM configs: the live rows' M-RoPE positions, ragged.py)."""
+    verify ragged (``--sage-ragged-verify``, off in the VLM configs: the live rows' M-RoPE positions, ragged.py).
+    Image prompts and video prompts (bundled 2 s clips as base64 ``video_url`` parts: the draft reads one placeholder
+    id per video position, as per image position)."""
     tiers = ("--sage-tiers", "[[0, 1], [1, 2], [3, 4]]", "--sage-tier-probe-every", "2", "--sage-ragged-verify", "true")
-    plain, sage = _start("qwen2_5_vl", launch_env, tmp_path, *tiers)
+    plain, sage = launch_pair(launch_env, tmp_path, *_models("qwen2_5_vl"), *tiers)
     try:
-        msgs = [openai_messages(p) for p in load_prompts("vlm", 3)]
+        msgs = [openai_messages(p) for p in load_prompts("vlm", 3) + load_prompts("vlm-video", 2)]
         ref = parallel(lambda m: chat(plain, m), msgs)
         got = parallel(lambda m: chat(sage, m), msgs)
         info = sage.get("/server_info")
     finally:
         sage.stop()
         plain.stop()
-    assert [_answer(g) for g in got] == [_answer(r) for r in ref]
+    assert [answer(g) for g in got] == [answer(r) for r in ref]
+    assert [g["usage"]["prompt_tokens_details"].get("video_tokens", 0) > 0 for g in got] == [False] * 3 + [True] * 2
     state = info["internal_states"][0]["sage"]
     assert state["sage_rounds"] > 0 and state["off_decode_steps"] > 0, state
     ragged = state["ragged_verify"]  # steps verified on their live rows only, some rows dropped

@@ -33,6 +33,7 @@ from sage_plugin.runtimes.sglang.hooks import (  # noqa: E402
     UNQUANTIZED_LINEAR,
     VERIFY_USES_GREEDY,
 )
+from sage_plugin.runtimes.sglang.llava_compat import LLAVA_FORWARD, LLAVA_LOAD_WEIGHTS, LLAVA_QWEN_INIT  # noqa: E402
 
 INDEX = Path(__file__).resolve().parents[3] / "patches" / "INDEX.md"
 
@@ -63,6 +64,9 @@ HOOK_SHAPES = {
     ),  # fmt: skip
     COPY_FOR_FORWARD: (None, ["self"]),
     CUMULATE_PENALTY: (None, ["self"]),
+    LLAVA_QWEN_INIT: (None, ["self", "config", "quant_config", "prefix"]),
+    LLAVA_LOAD_WEIGHTS: (None, ["self", "weights"]),
+    LLAVA_FORWARD: (None, ["self", "input_ids", "positions", "forward_batch"]),
     INIT_MODEL_PARALLEL_GROUP: (
         None,
         [

@@ -34,7 +34,7 @@ def _launch(target_dir, env, *extra: str) -> tuple[int, str, float]:
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", str(target_dir), *device, "--host", "127.0.0.1", "--port", str(_free_port()),
         "--speculative-algorithm", "sage", "--speculative-draft-model-path", str(target_dir),
-        "--max-total-tokens", "4096", "--mem-fraction-static", "0.5", *extra,
+        "--max-total-tokens", "4096", "--mem-fraction-static", "0.85", *extra,
     ]  # fmt: skip
     start = time.monotonic()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

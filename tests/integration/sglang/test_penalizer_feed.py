@@ -99,3 +99,41 @@ def test_core_terms_penalise_as_sglang_and_each_node_as_its_path():
         want = logits[node::4].clone()
         fed.apply(want, repeat=1)  # additive terms, then scaling: the order of the sampler's forward copy
         assert torch.allclose(got[node::4], want, atol=1e-6, equal_nan=True), node
+
+
+@pytest.mark.parametrize("min_p", [False, True])
+def test_the_verify_hook_keeps_a_sampling_kernel_installed_during_its_call(min_p, monkeypatch):
+    """A process's first sampling verify on CPU finds ``eagle_utils``' tree sampling kernel unset; whatever the hook
+    wraps (min-p) it puts back, and a kernel installed meanwhile (here by the CPU kernels' installer) stays for the
+    next verify."""
+    import importlib
+
+    from sage_plugin.runtimes.sglang import penalties
+    from sage_plugin.runtimes.sglang.cpu_ops import sampling_ops
+
+    module = importlib.import_module(sampling_ops.EAGLE_UTILS)
+    for name in ("tree_speculative_sampling_target_only", "top_k_renorm_prob", "top_p_renorm_prob"):
+        monkeypatch.setattr(module, name, None)
+    monkeypatch.setattr(sampling_ops, "_cpu_kernels_ready", False)
+    info = SimpleNamespace(is_all_greedy=False, need_min_p_sampling=min_p, min_ps=torch.full((1,), 0.1),
+                           has_custom_logit_processor=False, acc_additive_penalties=None,
+                           acc_scaling_penalties=None, logit_bias=None)  # fmt: skip
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=info,
+                            seq_lens=torch.tensor([5]), req_pool_indices=torch.tensor([1]))  # fmt: skip
+    verify_input = SimpleNamespace(draft_token_num=2, retrieve_next_token=torch.tensor([[1, -1]]))
+    logits_output = SimpleNamespace(next_token_logits=torch.zeros(2, VOCAB))
+    seen = []
+
+    def original(verify_input, batch, logits_output, grammar_mask=None):
+        seen.append(module.tree_speculative_sampling_target_only)  # what SGLang's verify calls
+        return torch.zeros(2), torch.zeros(1), torch.zeros(2)
+
+    token = penalties.ACTIVE_VERIFY.set(penalties.VerifyContext(tail=None))
+    try:
+        for _ in range(2):
+            penalties.eagle_sample(original, verify_input, batch, logits_output)
+    finally:
+        penalties.ACTIVE_VERIFY.reset(token)
+    kernel = sampling_ops.tree_speculative_sampling_target_only_cpu
+    assert module.tree_speculative_sampling_target_only is kernel
+    assert all(k is not None for k in seen) and (min_p or all(k is kernel for k in seen))
