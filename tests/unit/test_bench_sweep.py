@@ -94,7 +94,8 @@ def test_per_category_tau():
     results = {"ar": _result("ar", 0, 0), "sage": _result("sage", 1, 3, forwards=(1, 2))}
     summary = summarize(results, {}, {"a": "writing", "b": "math"})
     per = summary["methods"]["sage"]["per_category"]
-    assert per == {"math": {"tau": 1.0, "requests": 1, "exact_match": 1.0},
-                   "writing": {"tau": 4.0, "requests": 1, "exact_match": 1.0}}  # fmt: skip
+    rounds = {"accepted_per_round": 1.0, "alpha": 0.5}  # every round of _result: one accepted draft, root alpha 0.5
+    assert per == {"math": {"tau": 1.0, **rounds, "requests": 1, "exact_match": 1.0},
+                   "writing": {"tau": 4.0, **rounds, "requests": 1, "exact_match": 1.0}}  # fmt: skip
     table = category_table(summary).splitlines()
     assert table[0] == "| category | requests | ar | sage |" and table[2] == "| math | 1 | 1.00 | 1.00 |"

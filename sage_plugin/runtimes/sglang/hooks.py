@@ -80,7 +80,7 @@ from .args import STASH_ATTR, SageCliArgs, add_sage_arguments
 from .cpu_ops.sampling_ops import cpu_sampling_kernels_in_place
 from .llava_compat import LLAVA_HOOKS
 from .meta import spec_totals
-from .penalties import copy_for_forward, cumulate_penalty_output_tokens, eagle_sample
+from .penalties import copy_for_forward, cumulate_penalty_output_tokens, eagle_sample, is_sage
 
 __all__ = [
     "ACTIVE_SELECTION",
@@ -198,7 +198,7 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
 def output_streamer_class(original: Callable[..., Any], self: Any) -> type:
     """AROUND ``Scheduler.get_output_streamer_class(self)``: SGLang's class, with ``"sage"`` request-level under SAGE."""
     cls = original(self)
-    if not str(getattr(self.spec_algorithm, "name", "")).startswith("SAGE"):
+    if not is_sage(self.spec_algorithm):
         return cls
     from .meta import sage_streamer_class
 

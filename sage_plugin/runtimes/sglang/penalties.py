@@ -47,6 +47,7 @@ __all__ = [
     "copy_for_forward",
     "cumulate_penalty_output_tokens",
     "eagle_sample",
+    "is_sage",
     "opt_out_reason",
     "penalty_terms",
     "prefilled",
@@ -100,8 +101,7 @@ class PenaltySnapshot:
 @dataclass
 class VerifyContext:
     """What a SAGE verify hands :func:`eagle_sample`: the workers' output tail and the requests that do not speculate
-    (``opt_out [B]`` bool on the device, None when every request speculates; ``custom [B]`` host bools: requests
-    whose custom logit processor runs on the root row)."""
+    (``opt_out [B]`` bool on the device, None when every request speculates)."""
 
     tail: OutputTail
     opt_out: torch.Tensor | None = None
@@ -112,6 +112,7 @@ ACTIVE_VERIFY: ContextVar[VerifyContext | None] = ContextVar("sage_active_verify
 
 
 def is_sage(spec_algorithm: Any) -> bool:
+    """Whether ``spec_algorithm`` (SGLang's ``SpeculativeAlgorithm``) is one of SAGE's (SAGE, SAGE_EAGLE, SAGE_EAGLE3)."""
     return str(getattr(spec_algorithm, "name", "")).startswith("SAGE")
 
 
@@ -204,8 +205,8 @@ def cumulate_penalty_output_tokens(original: Callable[..., Any], self: Any) -> N
         rows.append(list(req.output_ids[fed:]))
         setattr(req, FED_ATTR, fed + len(rows[-1]))
     if any(rows):
-        counts = _host_to([[len(r)] for r in rows], self.device)[:, 0]
-        advance_penalizers(self.sampling_info.penalizer_orchestrator, _host_to(rows, self.device), counts)
+        tokens = _host_to(rows, self.device)  # -1 pad after each row's tokens
+        advance_penalizers(self.sampling_info.penalizer_orchestrator, tokens, (tokens >= 0).sum(dim=1))
     return None
 
 

@@ -305,9 +305,9 @@ def test_prefix_cache_hits_keep_plain_output(peers, kind):
     assert raw["meta_info"]["cached_tokens"] > 0
 
 
-#: sampling groups: sampling params of 200 four-token samples of one prompt each
+#: sampling groups: sampling params of 200 four-token samples of one prompt each (plain temperature sampling is in
+#: every group: the penalised one adds no filter to it)
 SAMPLING = {
-    "temperature": {"temperature": 1.0},
     "top_k_top_p": {"temperature": 1.0, "top_k": 8, "top_p": 0.8},
     "min_p": {"temperature": 1.5, "min_p": 0.2},
     "penalties": {"temperature": 1.0, "presence_penalty": 1.5, "frequency_penalty": 1.0, "repetition_penalty": 1.3},

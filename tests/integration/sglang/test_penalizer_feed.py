@@ -76,6 +76,28 @@ def test_feeding_several_tokens_at_once_equals_sglang_one_at_a_time():
         assert torch.equal(value, want[name]), name
 
 
+def test_the_feed_hook_gives_each_request_its_unfed_output_tokens():
+    """Under SAGE the decode preparation feeds every output token a request's state has not seen (ragged across the
+    batch, -1 padded): the same state as feeding each row's real tokens with their counts."""
+    from sage_plugin.runtimes.sglang import penalties
+
+    outputs = [[3, 4, 3, 5], [7], [2, 2, 6]]
+    fed = [1, 1, 0]  # tokens each state has seen: rows of 3, 0 and 3 unfed tokens
+    hooked, direct = _orchestrator(PARAMS), _orchestrator(PARAMS)
+    for req, out, n in zip(hooked._keep.reqs, outputs, fed):
+        req.output_ids = list(out)
+        setattr(req, penalties.FED_ATTR, n)
+    batch = SimpleNamespace(spec_algorithm=SimpleNamespace(name="SAGE"), reqs=hooked._keep.reqs, device="cpu",
+                            sampling_info=SimpleNamespace(penalizer_orchestrator=hooked))  # fmt: skip
+    penalties.cumulate_penalty_output_tokens(lambda self: pytest.fail("SGLang's one-token feed ran"), batch)
+    unfed = torch.tensor([[4, 3, 5], [-1, -1, -1], [2, 2, 6]])
+    advance_penalizers(direct, unfed, torch.tensor([3, 0, 3]))
+    assert [getattr(r, penalties.FED_ATTR) for r in hooked._keep.reqs] == [len(o) for o in outputs]
+    want = _state(direct)
+    for name, value in _state(hooked).items():
+        assert torch.equal(value, want[name]), name
+
+
 def test_core_terms_penalise_as_sglang_and_each_node_as_its_path():
     gen = torch.Generator().manual_seed(1)
     history = torch.randint(0, 8, (len(PARAMS), 3), generator=gen)
