@@ -51,12 +51,12 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libavcodec\.so\.' && command -v apt-get 
         || echo "tools/setup.sh: FFmpeg's libraries not installed ($PKGS): video prompts will not decode" >&2
 fi
 $V/python -c "from sage_plugin.models import ensure_smollm2; print('target:', ensure_smollm2())"
-# the CPU kernels (sage_plugin/core/csrc: rows, paged attention, lean decoder, beam level), built once for this machine (about 30 s
-# each) instead of at the first forward
-$V/python -c "from sage_plugin.core.linear import rows_kernel; print('rows kernel:', 'built' if rows_kernel() else 'not built: weight-major products')"
-$V/python -c "from sage_plugin.core.paged_attention import attention_kernel; print('paged attention kernel:', 'built' if attention_kernel() else 'not built: gather + SDPA')"
-$V/python -c "from sage_plugin.core.lean_decoder import lean_kernel; print('lean decoder kernel:', 'built' if lean_kernel() else 'not built: drafts run operator by operator')"
-$V/python -c "from sage_plugin.core.beam_level import beam_kernel; print('beam level kernel:', 'built' if beam_kernel() else 'not built: SAGE levels run operator by operator')"
+# the CPU kernels (sage_plugin/kernels/csrc: rows, paged attention, Llama decoder, beam level; torch custom ops in the
+# sage_plugin namespace), built once for this machine (about 30 s each) instead of at the first forward
+$V/python -c "from sage_plugin.kernels.linear import rows_kernel; print('rows kernel:', 'built' if rows_kernel() else 'not built: weight-major products')"
+$V/python -c "from sage_plugin.kernels.paged_attention import attention_kernel; print('paged attention kernel:', 'built' if attention_kernel() else 'not built: gather + SDPA')"
+$V/python -c "from sage_plugin.kernels.llama_decoder import decoder_kernel; print('Llama decoder kernel:', 'built' if decoder_kernel() else 'not built: drafts run operator by operator')"
+$V/python -c "from sage_plugin.kernels.beam_level import beam_ops; print('beam level kernel:', 'built' if beam_ops() else 'not built: SAGE levels run operator by operator')"
 if [ "$WITH_SGLANG" = 1 ]; then
     bash tools/setup_sglang.sh .venv .sglang-libcuda
 fi

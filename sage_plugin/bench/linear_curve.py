@@ -5,9 +5,9 @@ Two measurements, every product interleaved per repeat so that the machine's dri
 * **layers**: the target's linear layers (its real weights, in forward order, the head last) run one after the other
   at ``M`` rows, as one forward runs them: a decoder's weights do not stay in cache from one layer to the next, which
   is what a loop over one layer would hide.  Products: ``F.linear``, weight-major (``(weight @ x.T).T``, padded as
-  ``core/linear.py`` pads it) and the rows kernel (``core/csrc/rows_linear.cpp``), each at every ``M``.
+  ``kernels/linear.py`` pads it) and the rows kernel (``kernels/csrc/rows_linear.cpp``), each at every ``M``.
 * **forward**: the whole HF target over ``M`` new tokens after a 200-token context (KV cache), with every linear layer
-  set to ``F.linear``, to weight-major, and to :func:`sage_plugin.core.linear.linear` (the rule every consumer takes).
+  set to ``F.linear``, to weight-major, and to :func:`sage_plugin.kernels.linear.linear` (the rule every consumer takes).
 
 ``docs/benchmarks.md`` ("Linear layers by rows") shows its output::
 
@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..core import linear as rule
+from ..kernels import linear as rule
 
 
 def _weight_major(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

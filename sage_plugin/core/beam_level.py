@@ -1,12 +1,15 @@
-"""One level of SAGE's beam pool in one call on CPU, and the level's cost check: ``csrc/beam_level.cpp``.
+"""One level of SAGE's beam pool in one call on CPU, and the level's cost check: the ops
+``torch.ops.sage_plugin.beam_level`` and ``torch.ops.sage_plugin.level_pays`` (``sage_plugin/kernels/csrc/beam_level.cpp``).
 
 :meth:`~sage_plugin.core.sage.SagePolicy.step` under ``rerank_pool: beam`` (SAGE's default) runs about a hundred
 small tensor operations a level (the candidates' path values and codes, the beam's top-``W``, the pool's sorted
 append, the frontier cut to the pool's best nodes); on a CPU each costs microseconds of host time, about a
-millisecond a level in all, which the node budget prices into every drafted level.  The kernel does the same work per request in one
-call.  The torch path stays the fallback (other devices, no compiler, a static first round, the planned topology) and
-is the tests' oracle: the kernel writes the same integers and adds the same float32 values, so the pool and the
-frontier it returns are identical (tests/unit/test_beam_level.py).
+millisecond a level in all, which the node budget prices into every drafted level.  The kernel does the same work
+per request in one call.  The core looks the ops up by name and never imports the kernels: they run once a runtime
+has registered them (``sage_plugin/kernels/beam_level.py``; the reference engine does on CPU).  The torch path stays
+the fallback (ops not registered, other devices, a static first round, the planned topology) and is the tests'
+oracle: the kernel writes the same integers and adds the same float32 values, so the pool and the frontier it
+returns are identical (tests/unit/test_beam_level.py).
 
 :func:`level_pays` is :func:`~sage_plugin.core.cost.level_pays` (run once per drafted level by ``node_budget: auto``)
 as the same ATen operators called from C++: the same tensors, the same bits, the same decision, without about 40
@@ -25,14 +28,19 @@ import torch
 
 from .calibration import calibrated_logp
 from .expand import DraftPool, Frontier, top_children
-from .native import cpu_kernel
 
-__all__ = ["beam_kernel", "beam_level", "level_pays"]
+__all__ = ["OP_NAMESPACE", "beam_level", "level_pays", "registered_op"]
+
+#: where the ops are registered (``sage_plugin/kernels/beam_level.py`` builds and registers them)
+OP_NAMESPACE = "sage_plugin"
 
 
-def beam_kernel() -> Any:
-    """The compiled kernel (``.beam_level``), or None where it cannot be built (one warning)."""
-    return cpu_kernel("beam_level", "SAGE's beam levels run operator by operator")
+def registered_op(name: str) -> Any:
+    """``torch.ops.sage_plugin.<name>`` where a runtime has registered it, else None (the operator path runs)."""
+    try:
+        return getattr(getattr(torch.ops, OP_NAMESPACE), name)
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def beam_level(
@@ -40,7 +48,7 @@ def beam_level(
     n_best: int, frontier_capacity: int, best_first: bool, calibration: torch.Tensor | None = None,
     vocab: torch.Tensor | None = None,
 ) -> Frontier | None:  # fmt: skip
-    """One beam level (the module docstring), or None where the kernel does not take it (not built, not CPU).
+    """One beam level (the module docstring), or None where the op does not take it (not registered, not CPU).
 
     Args:
         pool: the round's pool, updated in place (its trash column is not written).
@@ -51,12 +59,12 @@ def beam_level(
         frontier_capacity: the most frontier slots returned (at most ``F * k`` are).
         best_first: insertion order by path value (``budget_order: best_first``), else by position.
     """
-    kernel = beam_kernel()
-    if kernel is None or logprobs.device.type != "cpu":
+    op = registered_op("beam_level")
+    if op is None or logprobs.device.type != "cpu":
         return None
     top = top_children(logprobs, k, vocab)
     gain = top.values if calibration is None else calibrated_logp(calibration, top.values, top.conf[..., None])
-    idx = kernel.beam_level(
+    idx = op(
         pool.tokens, pool.parents, pool.depths, pool.logp, pool.logp_topk, pool.joint, pool.joint_topk, pool.ranks,
         pool.codes, pool.conf, pool.count, frontier.idx.contiguous(), top.values, gain, top.tokens, top.logp_topk,
         top.conf, width, level, n_best, min(top.values.shape[1] * k, frontier_capacity), best_first,
@@ -67,9 +75,9 @@ def beam_level(
 def level_pays(
     pool: DraftPool, level: int, round_ms: torch.Tensor, next_round_ms: torch.Tensor | None = None
 ) -> torch.Tensor | None:  # fmt: skip
-    """:func:`~sage_plugin.core.cost.level_pays` in one call (0-dim bool), or None where the kernel does not take it
-    (not built, not CPU)."""
-    kernel = beam_kernel()
-    if kernel is None or pool.joint.device.type != "cpu":
+    """:func:`~sage_plugin.core.cost.level_pays` in one call (0-dim bool), or None where the op does not take it
+    (not registered, not CPU)."""
+    op = registered_op("level_pays")
+    if op is None or pool.joint.device.type != "cpu":
         return None
-    return kernel.level_pays(pool.joint, pool.depths, pool.count, level, round_ms, next_round_ms)
+    return op(pool.joint, pool.depths, pool.count, level, round_ms, next_round_ms)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .filters import renormalise, top_k_keep, top_p_keep
 from .tree import DraftTree
 
 __all__ = ["VerifyResult", "greedy_verify", "sample_verify", "walk_tree", "process_logits", "sample_tokens"]
@@ -113,7 +114,7 @@ def process_logits(
     top_k: torch.Tensor | None = None,
     top_p: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Target sampling distribution: temperature, then top-k, then top-p (nucleus) filtering.
+    """Target sampling distribution: temperature, then top-k, then top-p (nucleus) filtering (:mod:`.filters`).
 
     Args:
         logits: ``[B, N, V]`` float.
@@ -125,23 +126,11 @@ def process_logits(
         ``[B, N, V]`` float32 probabilities.
     """
     logits = logits.float() / temperature[:, None, None]
-    vocab = logits.shape[-1]
-    if top_k is not None:
-        kk = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k)
-        kth = torch.sort(logits, dim=-1, descending=True).values.gather(
-            -1, (kk - 1)[:, None, None].expand(-1, logits.shape[1], 1)
-        )
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_k is not None:  # transformers' rules (the reference engine's plain sampler): ties kept, top-p on top-k
+        logits = logits.masked_fill(~top_k_keep(logits, top_k[:, None, None], ties=True), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if top_p is not None:
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        before = torch.cumsum(sorted_p, -1) - sorted_p  # mass strictly above each token
-        # keep the smallest prefix reaching top_p; top_p >= 1 keeps everything (the float32
-        # cumulative sum reaches 1.0 before the vocabulary's tail, so it must not be compared)
-        drop_sorted = (before >= top_p[:, None, None]) & (top_p < 1.0)[:, None, None]
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
-        probs = probs / probs.sum(-1, keepdim=True)
+        probs = renormalise(probs, top_p_keep(probs, top_p[:, None, None], "reach"))
     return probs
 
 

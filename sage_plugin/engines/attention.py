@@ -9,7 +9,7 @@ query heads that share a KV head into the query-length axis::
     mask  [B, 1, Q, S] -> [B, 1, g*Q, S]        (the Q-row block repeated g times)
     out   [B, H_kv, g*Q, D] -> [B, Q, H, D]
 
-and calls ``torch.nn.functional.scaled_dot_product_attention`` once (``core.attention.folded_sdpa``, shared with
+and calls ``torch.nn.functional.scaled_dot_product_attention`` once (``kernels.attention.folded_sdpa``, shared with
 SGLang's CPU attention ops).  It is the same arithmetic as ``sdpa`` (tests
 compare them).  Registered under the name ``"sage_sdpa"`` (with ``sdpa``'s mask builder) when this module is
 imported; :func:`sage_plugin.engines.lm.load_causal_lm` selects it.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from ..core.attention import folded_sdpa, group_mask
+from ..kernels.attention import folded_sdpa, group_mask
 
 __all__ = ["ATTN_IMPLEMENTATION", "group_mask", "grouped_sdpa", "register"]
 

@@ -4,11 +4,11 @@ A small draft's forward at a few tokens is bound by host work, not arithmetic: f
 256) under half of a forward is operator time; the rest is transformers' module calls, decorators, cache and mask
 bookkeeping.  :class:`LeanDecoder` runs the same layers over the same parameters and
 cache with the operators alone: the model's own RMSNorm, rotary embedding and activation modules, one fused
-q/k/v product and one fused gate/up product per layer (``core.linear.linear``, the rows kernel on CPU), and the
+q/k/v product and one fused gate/up product per layer (``kernels.linear.linear``, the rows kernel on CPU), and the
 engine's grouped-query attention (``attention.grouped_sdpa``: query heads folded onto their KV head) with its mask
 built once per forward instead of once per layer.  On CPU, where the model allows (float32 activations, SiLU gates, no
-biases, widths the rows kernel takes, at most ``core.linear.KERNEL_MAX_ROWS`` new tokens in all), the whole layer stack
-runs in one call of ``core/csrc/lean_decoder.cpp`` instead of about 150 operator calls in Python; the
+biases, widths the rows kernel takes, at most ``kernels.linear.KERNEL_MAX_ROWS`` new tokens in all), the whole layer stack
+runs in one call of ``kernels/csrc/llama_decoder.cpp`` instead of about 150 operator calls in Python; the
 operator-by-operator path stays the fallback and the tests' oracle for it.  Only drafts use it (the target's logits stay transformers' own: plain decoding and verification
 must compute the same numbers); a draft's numbers may differ from transformers' by float rounding, which moves
 no verified token.
@@ -29,9 +29,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..core import linear as _linear
-from ..core.lean_decoder import lean_kernel
-from ..core.linear import linear
+from ..kernels import linear as _linear
+from ..kernels.linear import linear
+from ..kernels.llama_decoder import decoder_kernel
 from .attention import group_mask
 from .kv import append_kv, kv_room
 
@@ -121,7 +121,7 @@ class LeanDecoder:
         self._flat = self._kernel_weights() if self.fused else None
 
     def _kernel_weights(self) -> list[torch.Tensor] | None:
-        """The weights of ``csrc/lean_decoder.cpp`` (per layer: input norm, q/k/v, o, post-attention norm, gate/up,
+        """The weights of ``csrc/llama_decoder.cpp`` (per layer: input norm, q/k/v, o, post-attention norm, gate/up,
         down), or None where the kernel does not apply to this model (it then never runs)."""
         cfg, decoder = self.model.config, self.model.model
         norms = [decoder.norm] + [m for layer in self.layers for m in (layer.norm1, layer.norm2)]
@@ -135,7 +135,7 @@ class LeanDecoder:
             and all(_linear.kernel_streams(w) for w in products)
             and len({getattr(n, "variance_epsilon", None) for n in norms}) == 1
             and self.head_dim % 2 == 0
-            and lean_kernel() is not None
+            and decoder_kernel() is not None
         )
         if not applies:
             return None
@@ -177,7 +177,7 @@ class LeanDecoder:
             room = [kv_room(layer, q) for layer in state.cache.layers]
             half = self.head_dim // 2  # the angles' cos / sin (transformers repeats them for the two halves)
             angles = (cos[..., :half].contiguous(), sin[..., :half].contiguous())
-            out = lean_kernel().lean_decoder(
+            out = decoder_kernel().llama_decoder(
                 x, *angles, mask[:, 0].contiguous(), self._flat, decoder.norm.weight, [k for k, _ in room],
                 [v for _, v in room], s, self.heads, self.kv_heads, self.eps, self.scaling,
             )  # fmt: skip

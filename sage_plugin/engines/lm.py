@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..core.linear import linear, stored_as
+from ..kernels.linear import linear, stored_as
 from .attention import register as register_attention
 from .kv import PrefillResult, SeqState
 from .lean import LeanDecoder, lean_supported
@@ -193,7 +193,7 @@ def load_causal_lm(path: str | Path, device: str | torch.device = "cpu", dtype: 
 
 
 class RowsLinear(torch.nn.Linear):
-    """``nn.Linear`` computed by :func:`~sage_plugin.core.linear.linear` (the rows kernel on CPU at a few rows)."""
+    """``nn.Linear`` computed by :func:`~sage_plugin.kernels.linear.linear` (the rows kernel on CPU at a few rows)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
@@ -201,7 +201,7 @@ class RowsLinear(torch.nn.Linear):
 
 def use_fast_linears(model: Any) -> Any:
     """``model`` with every ``nn.Linear`` (the output head included) re-classed to :class:`RowsLinear`, in place:
-    the same parameters (a tied head stays tied), the same state dict, the rule of ``core/linear.py``."""
+    the same parameters (a tied head stays tied), the same state dict, the rule of ``kernels/linear.py``."""
     for module in model.modules():
         if type(module) is torch.nn.Linear:
             module.__class__ = RowsLinear
@@ -212,7 +212,7 @@ def store_linear_weights(model: Any, dtype: torch.dtype) -> Any:
     """``model`` with the weight of every :class:`RowsLinear` stored in ``dtype``, in place (biases, norms and
     embeddings keep theirs).  A head tied to the input embedding gets its own copy (the embedding stays as it was).
 
-    :func:`~sage_plugin.core.linear.linear` computes a bfloat16 weight under float32 activations in float32 (the rows
+    :func:`~sage_plugin.kernels.linear.linear` computes a bfloat16 weight under float32 activations in float32 (the rows
     kernel widens it as it streams it): a draft forward at a few rows streams half the bytes.
     """
     for module in model.modules():
@@ -225,7 +225,7 @@ def store_draft_weights(draft: Any, cpu_draft_dtype: str) -> str:
     """Apply ``SageConfig.cpu_draft_dtype`` to a reference-engine draft (:class:`TextModel` or EAGLE-3 head):
     bfloat16 linear weights on CPU where the rows kernel runs (elsewhere a bfloat16 weight would be widened on every
     call: kept float32).  Returns the dtype the draft's linear weights now have, for reports."""
-    from ..core.linear import rows_kernel
+    from ..kernels.linear import rows_kernel
 
     if cpu_draft_dtype == "bfloat16" and draft.device.type == "cpu" and rows_kernel() is not None:
         draft.store_weights(torch.bfloat16)

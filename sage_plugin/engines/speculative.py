@@ -45,6 +45,7 @@ from ..core.expand import Frontier, new_pool
 from ..core.policies import TreePolicy
 from ..core.tree import DraftTree, ancestor_mask
 from ..core.verify import VerifyResult, greedy_verify, process_logits, sample_tokens, sample_verify
+from ..kernels.beam_level import beam_ops
 from .cost_samples import CostSamples
 from .kv import SeqState
 from .lm import EngineModel, GenRequest
@@ -103,6 +104,8 @@ class SpecEngine:
         """Generate for a batch; timings of the call are in ``last_prefill_s`` / ``last_decode_s``."""
         if policy is not None and self.draft is None:
             raise ValueError("speculative decoding needs a draft model")
+        if policy is not None and getattr(policy, "fused_cost", False) and self.device.type == "cpu":
+            beam_ops()  # registers SAGE's beam-level ops, which the policy calls by name (core/beam_level.py)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(params.seed if params.seed is not None else 0)
         t0 = time.perf_counter()

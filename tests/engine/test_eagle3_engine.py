@@ -137,7 +137,7 @@ def test_mismatched_heads_are_refused():
 
 
 def test_the_head_drafts_with_the_cpu_linear_rule(setup):
-    """Every linear layer of the head the engine drafts with (fc, attention, MLP, lm_head) follows core/linear.py, as
+    """Every linear layer of the head the engine drafts with (fc, attention, MLP, lm_head) follows kernels/linear.py, as
     the target's do."""
     from sage_plugin.engines.lm import RowsLinear
 

@@ -1,4 +1,5 @@
-"""SAGE's beam level in one kernel call (core/beam_level.py, csrc/beam_level.cpp) against the operator path.
+"""SAGE's beam level in one op call (core/beam_level.py; the op: kernels/beam_level.py, kernels/csrc/beam_level.cpp)
+against the operator path.
 
 Both paths are driven like the reference engine drives them: level after level on the same draft distributions, the
 frontier trimmed to its live width or padded with empty columns between levels.  Distributions are drawn with ties
@@ -15,12 +16,12 @@ from hypothesis import strategies as st
 
 import sage_plugin.core.sage as sage_module
 from sage_plugin.config import SageConfig
-from sage_plugin.core.beam_level import beam_kernel
 from sage_plugin.core.expand import DraftPool, Frontier, new_pool
 from sage_plugin.core.policy import RoundPlan
 from sage_plugin.core.sage import SagePolicy
+from sage_plugin.kernels.beam_level import beam_ops
 
-pytestmark = pytest.mark.skipif(beam_kernel() is None, reason="the beam_level kernel cannot be built here")
+pytestmark = pytest.mark.skipif(beam_ops() is None, reason="the beam_level kernel cannot be built here")
 
 FIELDS = ("tokens", "parents", "depths", "logp", "logp_topk", "joint", "joint_topk", "ranks", "codes", "conf", "count")
 

@@ -7,7 +7,7 @@ Layers (a module imports only from lower layers or its own package; ``docs/desig
     3  engines, runtimes
     2  support, compat, models, data
     1  config
-    0  core                      (torch, numpy and the standard library only)
+    0  core, kernels             (torch, numpy and the standard library only; neither imports the other)
 
 Imports under ``if TYPE_CHECKING:`` are annotations, not imports, and are left out (``core`` names
 ``SageConfig`` in its signatures that way).  Function-level imports count: a cycle hidden in a function is still a
@@ -31,6 +31,7 @@ STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 CORE_THIRD_PARTY = {"torch", "numpy"}
 LAYERS = {
     "core": 0,
+    "kernels": 0,
     "config": 1,
     "support": 2,
     "compat": 2,
@@ -172,19 +173,22 @@ def test_no_import_cycles():
     assert not cycles, f"import cycles: {cycles}"
 
 
-@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith("sage_plugin.core")))
-def test_core_imports_only_torch_stdlib_and_core(name):
+@pytest.mark.parametrize(
+    "name", sorted(n for n in MODULES if n.startswith(("sage_plugin.core", "sage_plugin.kernels")))
+)
+def test_core_and_kernels_import_only_torch_stdlib_and_their_own_package(name):
+    own = ".".join(name.split(".")[:2])
     bad = []
     for line, level, module, _ in _imports(ast.parse(MODULES[name].read_text())):
         top = module.split(".")[0]
         if level:
             deps = _resolve(name, level, module, [])
-            if any(not d.startswith("sage_plugin.core") for d in deps):
+            if any(not d.startswith(own) for d in deps):
                 bad.append(f"{line}: from {'.' * level}{module}")
         elif top not in STDLIB | CORE_THIRD_PARTY:
             bad.append(f"{line}: import {module}")
-    assert not bad, f"{name} must import only torch/numpy/stdlib/core (config only under TYPE_CHECKING):\n" + "\n".join(
-        bad
+    assert not bad, (
+        f"{name} must import only torch/numpy/stdlib/{own} (config only under TYPE_CHECKING):\n" + "\n".join(bad)
     )
 
 

@@ -1,6 +1,6 @@
 """The drafts' lean decode-time forward (``engines/lean.py``) against transformers' own forward of the same model,
 over the same cache: Llama (grouped and plain multi-head attention), Qwen2 (q/k/v biases), a ragged batch under a
-tree mask, restricted heads, bfloat16 linear weights, each through the one-call kernel (``csrc/lean_decoder.cpp``)
+tree mask, restricted heads, bfloat16 linear weights, each through the one-call kernel (``csrc/llama_decoder.cpp``)
 where it applies and operator by operator; models it does not run keep transformers' forward."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from sage_plugin.core.lean_decoder import lean_kernel
 from sage_plugin.engines.kv import SeqState, append_kv
 from sage_plugin.engines.lean import LeanDecoder, lean_supported
 from sage_plugin.engines.lm import GenRequest, TextModel, use_fast_linears
+from sage_plugin.kernels.llama_decoder import decoder_kernel
 
 VOCAB = 96
 
@@ -62,7 +62,7 @@ def test_lean_forward_equals_transformers_forward(kind, kv_heads, lens, q, seed,
     assert lean.use_lean() and hf.lean is None
     if not fused:
         lean.lean = LeanDecoder(model, fused=False)
-    kernel = fused and kind == "llama" and lean_kernel() is not None
+    kernel = fused and kind == "llama" and decoder_kernel() is not None
     assert (lean.lean._flat is not None) == kernel
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lens]
     states = _states([hf, lean], prompts)
@@ -100,12 +100,12 @@ def test_lean_follows_bfloat16_weights_after_store_weights():
                                rtol=1e-4, atol=1e-4)  # fmt: skip
 
 
-@pytest.mark.skipif(lean_kernel() is None, reason="the lean decoder kernel cannot be built here")
+@pytest.mark.skipif(decoder_kernel() is None, reason="the lean decoder kernel cannot be built here")
 def test_the_kernel_runs_the_forward_and_leaves_wide_calls_to_the_operator_path(monkeypatch):
     """A forward the kernel takes never reaches the operator path, and gives its numbers (bfloat16 weights, a
-    two-request batch); a call wider than ``core.linear.KERNEL_MAX_ROWS`` rows runs operator by operator."""
+    two-request batch); a call wider than ``kernels.linear.KERNEL_MAX_ROWS`` rows runs operator by operator."""
     import sage_plugin.engines.lean as lean_mod
-    from sage_plugin.core import linear as lin
+    from sage_plugin.kernels import linear as lin
 
     model = _model("llama", 2, 4)
     fast, slow = TextModel(model), TextModel(model)

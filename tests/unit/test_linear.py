@@ -1,4 +1,4 @@
-"""The few-row linear rule (``core/linear.py``) against ``F.linear``, and its consumers: the reference engine's models
+"""The few-row linear rule (``kernels/linear.py``) against ``F.linear``, and its consumers: the reference engine's models
 and SGLang's ``_compute_lm_head`` and ``UnquantizedLinearMethod.apply`` hooks."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sage_plugin.core import linear as lin
-from sage_plugin.core import native
-from sage_plugin.core.linear import KERNEL_MAX_ROWS, MAX_ROWS, linear
 from sage_plugin.engines.lm import RowsLinear, use_fast_linears
+from sage_plugin.kernels import linear as lin
+from sage_plugin.kernels import native
+from sage_plugin.kernels.linear import KERNEL_MAX_ROWS, MAX_ROWS, linear
 from sage_plugin.runtimes.sglang.hooks import compute_lm_head, unquantized_linear
 
 #: the rows kernel's limit the dispatch tests set (the machine's own, 32 or 64, is :data:`KERNEL_MAX_ROWS`): below
@@ -56,8 +56,6 @@ def _paths(monkeypatch) -> list:
     real_f, real_wm = F.linear, lin._weight_major
 
     class Recording:
-        lanes = kernel.lanes
-
         @staticmethod
         def rows_linear(x, w):
             taken.append(("kernel", x.shape[0]))
@@ -159,7 +157,7 @@ def test_a_failed_build_warns_once_and_is_not_retried(monkeypatch):
     with pytest.warns(UserWarning, match="could not be built"):
         assert lin.rows_kernel() is None
     assert lin.rows_kernel() is None and len(calls) == 1
-    assert calls[0].startswith("sage_rows_linear_")  # named after the instruction set: no other machine's build
+    assert calls[0].startswith("sage_plugin_rows_linear_")  # named after the instruction set: no other machine's build
 
 
 def test_weight_major_runs_above_eight_rows_at_the_next_multiple_of_eight(monkeypatch):

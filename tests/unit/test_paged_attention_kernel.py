@@ -1,4 +1,4 @@
-"""The paged-attention kernel's own properties (``core/csrc/paged_attention.cpp``, through SGLang's CPU attention ops).
+"""The paged-attention kernel's own properties (``kernels/csrc/paged_attention.cpp``, through SGLang's CPU attention ops).
 
 ``test_sglang_attention_ops.py`` checks both paths of the ops against a float64 oracle; here: which calls the kernel
 takes, and that a kernel row's bits depend only on its query and the keys it sees.
@@ -10,9 +10,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sage_plugin.core import native
-from sage_plugin.core.paged_attention import MAX_QUERY_ROWS, SMALL_CALL_ROWS, attention_kernel
 from sage_plugin.core.tree import ancestor_mask
+from sage_plugin.kernels import native
+from sage_plugin.kernels.paged_attention import MAX_QUERY_ROWS, SMALL_CALL_ROWS, attention_kernel
 from tests.unit.test_sglang_attention_ops import (
     GARBAGE,
     call_decode,

@@ -1,6 +1,6 @@
 """Pure-torch ``decode_attention_cpu`` / ``extend_attention_cpu`` against naive per-request softmax attention.
 
-Every test runs twice: through the paged-attention kernel (``core/csrc/paged_attention.cpp``, which
+Every test runs twice: through the paged-attention kernel (``kernels/csrc/paged_attention.cpp``, which
 ``tools/setup.sh`` builds) and with it unavailable (the gather + SDPA path).  Every test builds a random paged KV layout (request rows of ``req_to_token`` point at scattered cache slots,
 slot 0 reserved, unused columns filled with out-of-range slots that must never be read), calls the ops
 positionally through ``torch.ops`` exactly as SGLang's ``intel_amx`` backend does, and compares with a
@@ -15,9 +15,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sage_plugin.core import native
-from sage_plugin.core.paged_attention import attention_kernel
 from sage_plugin.core.tree import ancestor_mask
+from sage_plugin.kernels import native
+from sage_plugin.kernels.paged_attention import attention_kernel
 from sage_plugin.runtimes.sglang import cpu_ops
 
 NS = "sage_test_sgl_attn"

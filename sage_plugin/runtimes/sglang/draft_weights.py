@@ -2,7 +2,7 @@
 tensor-parallel ranks by :func:`rank_head_ids`) and ``cpu_draft_dtype``, its linear weights stored in bfloat16 on a
 CPU server (:func:`store_draft_linears`).
 
-A draft forward at a few rows streams its weights from memory; the rows kernel (``core/linear.py``) widens bfloat16
+A draft forward at a few rows streams its weights from memory; the rows kernel (``kernels/linear.py``) widens bfloat16
 weights to float32 as it streams them, so a bfloat16 copy halves the bytes while every product and sum stays a float32
 one.  The hooks that route SGLang's CPU linears and heads to that kernel (``hooks.py``: ``unquantized_linear``,
 ``compute_lm_head``) take such a weight under float32 activations.  Only the draft's own layers change: a weight the
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ...config import SageConfig
-from ...core.linear import rows_kernel, stored_as
+from ...kernels.linear import rows_kernel, stored_as
 
 __all__ = ["DraftHeadRows", "rank_head_ids", "store_draft_linears"]
 

@@ -45,8 +45,8 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
 
 * :func:`compute_lm_head` (AROUND ``LogitsProcessor._compute_lm_head``) and :func:`unquantized_linear`
   (AROUND ``UnquantizedLinearMethod.apply``): on CPU, a float32 unquantized head (without bias, LoRA, the AMX packed
-  layout) or linear layer (not AMX-packed) is computed by :func:`sage_plugin.core.linear.linear` (the rows kernel at
-  1-32 rows on AVX-512 and weight-major above up to 64, 1-64 on AVX2: core/linear.py has the figures by CPU), the rule the reference engine uses.  Plain and speculative serving alike (target and draft); every other case
+  layout) or linear layer (not AMX-packed) is computed by :func:`sage_plugin.kernels.linear.linear` (the rows kernel at
+  1-32 rows on AVX-512 and weight-major above up to 64, 1-64 on AVX2: kernels/linear.py has the figures by CPU), the rule the reference engine uses.  Plain and speculative serving alike (target and draft); every other case
   keeps SGLang's product.
 
 * :func:`init_model_parallel_group` (AROUND ``sglang.srt.distributed.parallel_state.init_model_parallel_group``):
@@ -244,9 +244,9 @@ def compute_lm_head(
     """AROUND ``LogitsProcessor._compute_lm_head(self, hidden_states, lm_head, embedding_bias=None, *, out=None)``.
 
     The CPU float32 plain head (no bias, LoRA, quantization method or RL on-policy cast) takes
-    :func:`~sage_plugin.core.linear.linear` (``out`` is a CUDA-only buffer upstream: its CPU branch never writes it).
+    :func:`~sage_plugin.kernels.linear.linear` (``out`` is a CUDA-only buffer upstream: its CPU branch never writes it).
     """
-    from ...core.linear import linear
+    from ...kernels.linear import linear
 
     weight = _cpu_float32_weight(lm_head, hidden_states)
     quant = getattr(lm_head, "quant_method", None)
@@ -263,8 +263,8 @@ def compute_lm_head(
 
 def unquantized_linear(original: Callable[..., Any], self: Any, layer: Any, x: Any, bias: Any = None) -> Any:
     """AROUND ``UnquantizedLinearMethod.apply(self, layer, x, bias=None)``: a CPU float32 layer that is not
-    AMX-packed takes :func:`~sage_plugin.core.linear.linear` (upstream's CPU branch is ``F.linear``)."""
-    from ...core.linear import linear
+    AMX-packed takes :func:`~sage_plugin.kernels.linear.linear` (upstream's CPU branch is ``F.linear``)."""
+    from ...kernels.linear import linear
 
     weight = _cpu_float32_weight(layer, x)
     return original(self, layer, x, bias) if weight is None else linear(x, weight, bias)

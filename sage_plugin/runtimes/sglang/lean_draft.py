@@ -10,9 +10,9 @@ touched) with the same layers over the same parameters: SGLang's own linear laye
 and ``cpu_draft_dtype`` weights apply as before), ``torch.nn.functional.rms_norm``, the rotary rows gathered once
 per forward, and each layer's ``RadixAttention`` (the attention backend, its KV writes and tree masks unchanged).
 Where every layer's products are plain float32 / bfloat16 weights the rows kernel takes (unquantized, not AMX-packed,
-no biases) and the forward has at most ``core.linear.KERNEL_MAX_ROWS`` tokens, each layer is two calls of
-``core/csrc/lean_decoder.cpp`` around its ``RadixAttention`` (``layer_before``: RMSNorm, q/k/v product, rotary;
-``layer_after``: o product, residual, RMSNorm, gate/up product, SiLU gate, down product, residual) instead of about
+no biases) and the forward has at most ``kernels.linear.KERNEL_MAX_ROWS`` tokens, each layer is two calls of
+``kernels/csrc/llama_decoder.cpp`` around its ``RadixAttention`` (``llama_layer_before``: RMSNorm, q/k/v product, rotary;
+``llama_layer_after``: o product, residual, RMSNorm, gate/up product, SiLU gate, down product, residual) instead of about
 twenty operators.  Its numbers may differ from SGLang's forward by float rounding: it drafts, the target verifies, so
 no output token can change (the e2e tests compare with plain serving).
 
@@ -31,8 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...core import linear as _linear
-from ...core.lean_decoder import lean_kernel
+from ...kernels import linear as _linear
+from ...kernels.llama_decoder import decoder_kernel
 
 __all__ = ["LeanDraftDecoder", "install_lean_draft", "lean_forwards", "lean_reason"]
 
@@ -93,10 +93,10 @@ class LeanDraftDecoder:
         self._weights: list[tuple] | None | bool = False  # per layer (norm, qkv, o, norm, gate_up, down); False: unread
 
     def kernel_weights(self) -> list[tuple] | None:
-        """Each layer's weights for ``csrc/lean_decoder.cpp``, or None where a layer has what it does not compute
+        """Each layer's weights for ``csrc/llama_decoder.cpp``, or None where a layer has what it does not compute
         (read at the first forward, after the loader and ``cpu_draft_dtype`` have stored the weights)."""
         if self._weights is False:
-            self._weights = _kernel_weights(self.decoder) if lean_kernel() is not None else None
+            self._weights = _kernel_weights(self.decoder) if decoder_kernel() is not None else None
         return self._weights
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any,
@@ -123,15 +123,15 @@ class LeanDraftDecoder:
 
     def _kernel_forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: Any, weights: list[tuple]):
         self.kernel_calls += 1
-        kernel, dec, hd = lean_kernel(), self.decoder, self.head_dim
+        kernel, dec, hd = decoder_kernel(), self.decoder, self.head_dim
         cos, sin = (t.contiguous() for t in self.rope.cos_sin_cache.index_select(0, positions).float().chunk(2, -1))
         rotated = (self.q_size + self.kv_size) // hd
         for layer, (n1, qkv, o, n2, gate_up, down, eps) in zip(dec.layers, weights):
-            q, k, v = kernel.layer_before(x, n1, qkv, cos, sin, rotated, hd, eps).split(
+            q, k, v = kernel.llama_layer_before(x, n1, qkv, cos, sin, rotated, hd, eps).split(
                 [self.q_size, self.kv_size, self.kv_size], dim=-1
             )
             att = layer.self_attn.attn(q, k, v, forward_batch)
-            kernel.layer_after(x, att.reshape(x.shape[0], -1).contiguous(), o, n2, gate_up, down, eps)
+            kernel.llama_layer_after(x, att.reshape(x.shape[0], -1).contiguous(), o, n2, gate_up, down, eps)
         return _rms(x, dec.norm)
 
 
@@ -188,7 +188,7 @@ def install_lean_draft(model: Any, tp_size: int, device: str) -> str | None:
 
 def lean_forwards(model: Any, kernel: bool = False) -> int | None:
     """Forwards the lean decoder of the SGLang draft ``model`` took (``kernel``: of them, those through
-    ``csrc/lean_decoder.cpp``), or None where it has none."""
+    ``csrc/llama_decoder.cpp``), or None where it has none."""
     forward = getattr(getattr(model, "model", None), "__dict__", {}).get("forward")
     if not isinstance(forward, LeanDraftDecoder):
         return None

@@ -3,7 +3,7 @@
 SGLang's speculative verify (``eagle_utils.eagle_sample``) applies one penalty state per request to every node of its
 tree, and its decode preparation feeds the penalizers one token per step (``ScheduleBatch.cumulate_penalty_output_tokens``
 takes ``output_ids[-1]``), however many the step accepted; it applies no ``min_p`` and no custom logit processor in
-the tree.  Under SAGE this module makes each of them what plain decoding does (``docs/user-guide/serving-sglang.md``,
+the tree, and takes top-p of the top-k-renormalised distribution where plain sampling filters both jointly.  Under SAGE this module makes each of them what plain decoding does (``docs/user-guide/serving-sglang.md``,
 "Request parameters"), with three AROUND hooks (``patches/INDEX.md``), each a pass-through outside SAGE:
 
 * :func:`cumulate_penalty_output_tokens`: the penalizers are fed every output token the request committed since they
@@ -14,9 +14,10 @@ the tree.  Under SAGE this module makes each of them what plain decoding does (`
 * :func:`eagle_sample`: inside a SAGE verify (:data:`ACTIVE_VERIFY`), every node's logits get the penalties of its own
   path, after the request's output tokens the snapshot has not seen yet (the overlap scheduler prepares a step before
   the previous one's tokens reach ``output_ids``; :class:`.output_tail.OutputTail` has them on the device); requests
-  that do not speculate (:func:`opt_out_reason`) verify their root only; ``min_p`` filters the target's tree
-  distributions after top-k / top-p as SGLang's plain sampler does; a request's custom logit processor runs on its root
-  row after the penalties, the grammar mask and ``logit_bias``, in plain decoding's order.
+  that do not speculate (:func:`opt_out_reason`) verify their root only; top-k and top-p filter the target's tree
+  distributions jointly where SGLang's plain sampler does (:func:`joint_filters`), ``min_p`` after them; a request's
+  custom logit processor runs on its root row after the penalties, the grammar mask and ``logit_bias``, in plain
+  decoding's order.
 
 Nothing here reads a device tensor on the host: the snapshot and the per-node penalties are device ops, the opt-out
 mask is built from host request fields.
@@ -32,6 +33,7 @@ from typing import Any, Callable
 import torch
 
 from sage_plugin.config import OPT_OUT_PARAMS, opt_out_names
+from sage_plugin.core.filters import min_p_keep, renormalise
 from sage_plugin.core.penalties import MinTokens, TokenPenalty, advance, path_tokens, tree_parents, tree_penalties
 
 from .cpu_ops.sampling_ops import EAGLE_UTILS, cpu_sampling_kernels_in_place
@@ -48,9 +50,11 @@ __all__ = [
     "cumulate_penalty_output_tokens",
     "eagle_sample",
     "is_sage",
+    "joint_filters",
     "opt_out_reason",
     "penalty_terms",
     "prefilled",
+    "sampling_backend",
     "verify_context",
 ]
 
@@ -227,16 +231,53 @@ def copy_for_forward(original: Callable[..., Any], self: Any) -> Any:
 
 def _min_p_kernel(kernel: Callable[..., Any], min_ps: torch.Tensor) -> Callable[..., Any]:
     """``kernel`` (SGLang's ``tree_speculative_sampling_target_only``) on target distributions filtered by min-p after
-    top-k / top-p, as SGLang's plain sampler filters them (``probs < max * min_p`` dropped), renormalised."""
+    top-k / top-p, as SGLang's plain sampler filters them (:func:`~sage_plugin.core.filters.min_p_keep`), renormalised."""
 
     def sample(**kwargs: Any) -> Any:
         probs = kwargs["target_probs"]  # [B, N, V]
-        floor = probs.amax(dim=-1, keepdim=True) * min_ps.view(-1, 1, 1).to(probs.dtype)
-        probs = torch.where(probs < floor, 0.0, probs)
-        kwargs["target_probs"] = probs / probs.sum(dim=-1, keepdim=True)
+        kwargs["target_probs"] = renormalise(probs, min_p_keep(probs, min_ps.view(-1, 1, 1)))
         return kernel(**kwargs)
 
     return sample
+
+
+def joint_filters(top_k: Callable[..., Any], top_p: Callable[..., Any]) -> dict[str, Callable[..., Any]]:
+    """``eagle_utils``' ``top_k_renorm_prob`` / ``top_p_renorm_prob`` (``top_k``, ``top_p``) made SGLang's plain joint
+    filter: the nucleus taken on the distribution *before* top-k, intersected with the top-k set, renormalised.
+
+    SGLang's plain samplers filter both on the softmax (the torch sampler's ``probs_sum`` is summed before top-k zeroes
+    anything; the fused GPU sampler runs ``filter_apply_order="joint"``), while its speculative verify takes the nucleus
+    of the top-k-renormalised distribution, a smaller set whenever the top k hold less than all the mass (top-k 2,
+    top-p 0.5 over ``[0.4, 0.3, 0.3]``: plain samples from ``{0.4, 0.3}``, the renormalised nucleus is the first token
+    alone).  The verify calls top-k then top-p on the same rows; the first call's input is kept for the second.
+    """
+    before: list[torch.Tensor] = []
+
+    def top_k_renorm_prob(probs: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
+        before[:] = [probs]
+        return top_k(probs, top_ks)
+
+    def top_p_renorm_prob(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+        if not before:  # no top-k before it: the nucleus of the softmax itself
+            return top_p(probs, top_ps)
+        return renormalise(probs, top_p(before.pop(), top_ps) > 0)
+
+    return {"top_k_renorm_prob": top_k_renorm_prob, "top_p_renorm_prob": top_p_renorm_prob}
+
+
+def sampling_backend() -> str:
+    """The server's ``--sampling-backend`` (SGLang's runtime context: published once the server runs)."""
+    from sglang.srt.runtime_context import get_exec
+
+    return get_exec().kernel.sampling_backend
+
+
+def _joint_plain(info: Any) -> bool:
+    """Whether SGLang's plain sampler filters ``info``'s batch jointly (:func:`joint_filters`): always with the torch
+    sampler; the fused GPU samplers renormalise top-k before top-p when the batch needs min-p."""
+    if not (info.need_top_k_sampling and info.need_top_p_sampling):
+        return False
+    return not (info.need_min_p_sampling and sampling_backend() in ("flashinfer", "intel_xpu"))
 
 
 def _root_processors(logits: torch.Tensor, info: Any, n: int) -> None:
@@ -274,7 +315,13 @@ def eagle_sample(original: Callable[..., Any], verify_input: Any, batch: Any, lo
     if not info.is_all_greedy and logits.device.type == "cpu":
         cpu_sampling_kernels_in_place()  # on CPU the tree sampling kernel is the plugin's, installed on first use
     kernel = module.tree_speculative_sampling_target_only
-    min_p = not info.is_all_greedy and info.need_min_p_sampling and kernel is not None  # the kernel wrapped, put back
+    filters: dict[str, Callable[..., Any]] = {}  # eagle_utils' kernels this call wraps, each put back after it
+    if not info.is_all_greedy and kernel is not None:
+        if info.need_min_p_sampling:
+            filters["tree_speculative_sampling_target_only"] = _min_p_kernel(kernel, info.min_ps)
+        if _joint_plain(info):
+            filters.update(joint_filters(module.top_k_renorm_prob, module.top_p_renorm_prob))
+    wrapped = {name: getattr(module, name) for name in filters}
     try:
         if snapshot is not None:
             parent = tree_parents(verify_input.retrieve_next_token, verify_input.retrieve_next_sibling)
@@ -291,12 +338,12 @@ def eagle_sample(original: Callable[..., Any], verify_input: Any, batch: Any, lo
                 grammar_mask.apply(logits)
                 grammar_mask = None
             _root_processors(logits, info, n)
-        if min_p:
-            module.tree_speculative_sampling_target_only = _min_p_kernel(kernel, info.min_ps)
+        for name, fn in filters.items():
+            setattr(module, name, fn)
         predict, accept_lens, accept_index = original(verify_input, batch, logits_output, grammar_mask, *args, **kwargs)
     finally:
-        if min_p:  # only the kernel this call replaced: one installed meanwhile stays
-            module.tree_speculative_sampling_target_only = kernel
+        for name, fn in wrapped.items():  # only the kernels this call replaced: one installed meanwhile stays
+            setattr(module, name, fn)
         for name, value in saved.items():
             setattr(info, name, value)
     if snapshot is not None:  # the accepted tokens, for the next step's unseen output

@@ -197,10 +197,10 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
     assert sage["off_decode_steps"] == report["0:1"]["steps"], sage
     # the standalone draft's forwards ran the lean decoder (cpu_lean_draft, lean_draft.py)
     assert sage["lean_draft_forwards"] > 0, sage
-    # ... through the one-call-a-layer-side kernel where it builds (csrc/lean_decoder.cpp)
-    from sage_plugin.core.lean_decoder import lean_kernel
+    # ... through the one-call-a-layer-side kernel where it builds (csrc/llama_decoder.cpp)
+    from sage_plugin.kernels.llama_decoder import decoder_kernel
 
-    assert (sage["lean_draft_kernel_forwards"] > 0) == (lean_kernel() is not None), sage
+    assert (sage["lean_draft_kernel_forwards"] > 0) == (decoder_kernel() is not None), sage
     # drafted steps verified ragged, some rows dropped (ragged.py)
     ragged = sage["ragged_verify"]
     assert ragged["steps"] > 0 and 0 < ragged["rows"] < ragged["rows_drafted"], sage

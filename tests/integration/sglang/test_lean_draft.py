@@ -16,7 +16,7 @@ from sglang.srt.layers.activation import SiluAndMul  # noqa: E402
 from sglang.srt.layers.layernorm import RMSNorm  # noqa: E402
 from sglang.srt.layers.rotary_embedding import get_rope  # noqa: E402
 
-from sage_plugin.core.lean_decoder import lean_kernel  # noqa: E402
+from sage_plugin.kernels.llama_decoder import decoder_kernel  # noqa: E402
 from sage_plugin.runtimes.sglang.lean_draft import (  # noqa: E402
     LeanDraftDecoder,
     install_lean_draft,
@@ -123,11 +123,11 @@ def _oracle(dec, ids: torch.Tensor, positions: torch.Tensor, batch: Batch) -> to
 def test_lean_decoder_equals_sglangs_layers_over_prefill_extend_and_decode(plain):
     """A prefill of 7 tokens, a 2-token extend and a 1-token decode (positions continue): the lean decoder's hidden
     states match the oracle's at every step, and the cache both write is the same; ``plain`` layers (unquantized,
-    no biases) run through ``csrc/lean_decoder.cpp`` where it builds, with bfloat16-stored products too."""
+    no biases) run through ``csrc/llama_decoder.cpp`` where it builds, with bfloat16-stored products too."""
     dec = _decoder(plain=plain)
     assert lean_reason(dec, 1, "cpu") is None
     lean = LeanDraftDecoder(dec)
-    kernel = plain and lean_kernel() is not None
+    kernel = plain and decoder_kernel() is not None
     assert (lean.kernel_weights() is not None) == kernel
     ref_batch, lean_batch = Batch(), Batch()
     g = torch.Generator().manual_seed(1)

@@ -138,6 +138,7 @@ def test_the_verify_hook_keeps_a_sampling_kernel_installed_during_its_call(min_p
         monkeypatch.setattr(module, name, None)
     monkeypatch.setattr(sampling_ops, "_cpu_kernels_ready", False)
     info = SimpleNamespace(is_all_greedy=False, need_min_p_sampling=min_p, min_ps=torch.full((1,), 0.1),
+                           need_top_k_sampling=False, need_top_p_sampling=False,
                            has_custom_logit_processor=False, acc_additive_penalties=None,
                            acc_scaling_penalties=None, logit_bias=None)  # fmt: skip
     batch = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=info,

@@ -39,8 +39,8 @@ Not supported (``NotImplementedError``, never a silently different result): ``sl
 (a quantised cache the backend would have written itself).
 
 Cost.  Calls with a few query rows per request (decode, a verify or draft extend of up to 8 tokens per request in a
-small call: :func:`~sage_plugin.core.paged_attention.kernel_takes`), float32 throughout and no ``logit_cap`` /
-``sinks``, run the paged-attention kernel (``core/csrc/paged_attention.cpp``): keys and values are read in place from
+small call: :func:`~sage_plugin.kernels.paged_attention.kernel_takes`), float32 throughout and no ``logit_cap`` /
+``sinks``, run the paged-attention kernel (``kernels/csrc/paged_attention.cpp``): keys and values are read in place from
 their cache slots, one task per (request, KV head), nothing gathered or padded, and a row's result depends only on
 the keys it sees (a verify row equals, bit for bit, the decode row that later sees the same keys).  Per call on the
 2-core Xeon (SmolLM2's 9 / 3 heads of 64, 300 cached tokens), the path below / the kernel: decode of 1 / 16 requests
@@ -66,8 +66,8 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ....core.attention import folded_sdpa, group_mask
-from ....core.paged_attention import attention_kernel, kernel_takes
+from ....kernels.attention import folded_sdpa, group_mask
+from ....kernels.paged_attention import attention_kernel, kernel_takes
 from ._common import _long
 
 __all__ = ["decode_attention_cpu", "extend_attention_cpu"]
@@ -78,7 +78,7 @@ _NONE = torch.empty(0)  # the kernel's "not given" tensor
 
 
 def _kernel(logit_cap: float, sinks, query_rows: int, requests: int, *tensors: torch.Tensor) -> Any:
-    """The paged-attention kernel where it computes this call (``core/paged_attention.py``), else None."""
+    """The paged-attention kernel where it computes this call (``kernels/paged_attention.py``), else None."""
     if logit_cap > 0 or sinks is not None or not kernel_takes(query_rows, requests, *tensors):
         return None
     return attention_kernel()
@@ -147,7 +147,7 @@ def _load(buf: torch.Tensor, slots: torch.Tensor, rows: int, scale: float) -> to
 
 
 def _additive(visible: torch.Tensor, group: int) -> torch.Tensor | None:
-    """``visible [R, Lq, L]`` bool as ``core.attention.folded_sdpa``'s folded additive mask (0 / -inf), None if all
+    """``visible [R, Lq, L]`` bool as ``kernels.attention.folded_sdpa``'s folded additive mask (0 / -inf), None if all
     visible."""
     if bool(visible.all()):
         return None

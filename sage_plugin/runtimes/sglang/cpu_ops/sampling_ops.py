@@ -26,6 +26,8 @@ import sys
 
 import torch
 
+from sage_plugin.core.filters import renormalise, top_k_keep, top_p_keep
+
 from ._common import _flat_out, _write_accepted_paths
 
 __all__ = [
@@ -48,31 +50,21 @@ def _per_row(value: torch.Tensor | float | int, rows: int, dtype: torch.dtype) -
 def top_k_renorm_prob_cpu(probs: torch.Tensor, top_ks: torch.Tensor | int) -> torch.Tensor:
     """Keep each row's ``top_ks`` most probable tokens (``probs [R, V]``, ``top_ks [R]``), renormalised.
 
-    The same truncation as SGLang's CPU sampler for plain decoding (rank in descending order < k), so the
-    speculative path samples from exactly the distribution plain decoding samples from.
+    SGLang's CPU sampler rule for plain decoding (rank in a descending sort ``< k``, :func:`~sage_plugin.core.filters.
+    top_k_keep` with ``ties=False``), so the speculative path samples from the distribution plain decoding samples from.
     """
-    rows, vocab = probs.shape
-    k = _per_row(top_ks, rows, torch.long).clamp(1, vocab)
-    order = probs.argsort(dim=-1, descending=True, stable=True)
-    keep_sorted = torch.arange(vocab)[None] < k[:, None]
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    out = torch.where(keep, probs, torch.zeros((), dtype=probs.dtype))
-    return out / out.sum(-1, keepdim=True)
+    rows, _ = probs.shape
+    return renormalise(probs, top_k_keep(probs, _per_row(top_ks, rows, torch.long)[:, None], ties=False))
 
 
 def top_p_renorm_prob_cpu(probs: torch.Tensor, top_ps: torch.Tensor | float) -> torch.Tensor:
     """Keep each row's smallest most-probable prefix reaching ``top_ps`` mass (``[R, V]``, ``[R]``), renormalised.
 
-    SGLang's CPU sampler rule: in descending order, a token is dropped when the mass before it exceeds ``p``.
+    SGLang's CPU sampler rule: in descending order, a token is dropped when the mass before it exceeds ``p``
+    (:func:`~sage_plugin.core.filters.top_p_keep`, ``"exceed"``).
     """
     rows, _ = probs.shape
-    p = _per_row(top_ps, rows, probs.dtype)
-    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
-    before = sorted_probs.cumsum(-1) - sorted_probs
-    keep_sorted = before <= p[:, None]
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    out = torch.where(keep, probs, torch.zeros((), dtype=probs.dtype))
-    return out / out.sum(-1, keepdim=True)
+    return renormalise(probs, top_p_keep(probs, _per_row(top_ps, rows, probs.dtype)[:, None], "exceed"))
 
 
 def tree_speculative_sampling_target_only_cpu(

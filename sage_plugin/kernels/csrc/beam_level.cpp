@@ -172,7 +172,19 @@ at::Tensor level_pays(const at::Tensor& joint, const at::Tensor& depths, const a
   return keep.logical_and(rates(top, *next_round_ms).max().gt(now.max()));
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("beam_level", &beam_level, "one level of SAGE's beam pool (sage_plugin/core/beam_level.py)");
-  m.def("level_pays", &level_pays, "cost.level_pays without the Python between its operators");
+// beam_level: one level of SAGE's beam pool, the pool's columns written in place (sage_plugin/core/beam_level.py);
+// level_pays: cost.level_pays without the Python between its operators.  Their fake kernels:
+// sage_plugin/kernels/beam_level.py.
+TORCH_LIBRARY_FRAGMENT(sage_plugin, m) {
+  m.def(
+      "beam_level(Tensor(a!) tokens, Tensor(b!) parents, Tensor(c!) depths, Tensor(d!) logp, Tensor(e!) logp_topk, "
+      "Tensor(f!) joint, Tensor(g!) joint_topk, Tensor(h!) ranks, Tensor(i!) codes, Tensor(j!) conf, "
+      "Tensor(k!) count, Tensor frontier, Tensor top_values, Tensor gain, Tensor top_tokens, Tensor top_logp_topk, "
+      "Tensor top_conf, Tensor width, int level, int n_best, int out_width, bool best_first) -> Tensor");
+  m.def("level_pays(Tensor joint, Tensor depths, Tensor count, int level, Tensor round_ms, Tensor? next_round_ms) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(sage_plugin, CPU, m) {
+  m.impl("beam_level", &beam_level);
+  m.impl("level_pays", &level_pays);
 }

@@ -1,6 +1,6 @@
 // Attention over a paged K/V cache for the few query rows decoding, tree verification and draft steps produce
 // (CPU, float32).  Built for the machine it runs on (-march=native, at first use by torch.utils.cpp_extension;
-// sage_plugin/core/paged_attention.py, which documents the arguments).
+// sage_plugin/kernels/paged_attention.py, which documents the arguments and registers the fake kernel).
 //
 // Request b owns query rows q_row .. q_row + n_q - 1 of q [T, H, D] and keys j < n_keys: key j is read in place from
 // the cache row slots[b, j] of k_buf / v_buf [P, H_kv, D | Dv] when j < n_cached, else from row new_row + j - n_cached
@@ -16,7 +16,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include "lanes.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <cmath>
@@ -178,6 +178,11 @@ void paged_attention(const at::Tensor& q, at::Tensor& o, const at::Tensor& k_buf
   });
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "attention over a paged K/V cache (see paged_attention.cpp)");
+// Attention over a paged K/V cache, written into o.  An empty k_new / v_new / visible is "not given".
+TORCH_LIBRARY_FRAGMENT(sage_plugin, m) {
+  m.def(
+      "paged_attention(Tensor q, Tensor(a!) o, Tensor k_buf, Tensor v_buf, Tensor k_new, Tensor v_new, Tensor slots, "
+      "Tensor meta, Tensor visible, int mode, float sm_scale, float key_scale, float value_scale) -> ()");
 }
+
+TORCH_LIBRARY_IMPL(sage_plugin, CPU, m) { m.impl("paged_attention", &paged_attention); }

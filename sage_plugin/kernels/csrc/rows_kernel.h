@@ -1,5 +1,5 @@
 // The rows kernel: y = x @ w.T for the few rows decoding and tree verification produce (CPU, float32 x, float32 or
-// bfloat16 w).  One implementation, included by rows_linear.cpp (the linear layers) and lean_decoder.cpp (a draft's
+// bfloat16 w).  One implementation, included by rows_linear.cpp (the linear layers) and llama_decoder.cpp (a draft's
 // whole decoder in one call).
 //
 // x [M, K] float32, w [N, K] float32 or bfloat16 (widened to float32 exactly as it is loaded: a bfloat16 is the high
@@ -7,7 +7,7 @@
 // A decoder's weights do not stay in cache from one forward to the next, so at a few rows a linear layer is bound by
 // streaming w from memory: every tile of R rows of w is read once and multiplied into MB rows of x at a time (x stays
 // in L1), R x MB vector accumulators in registers.  Built for the machine it runs on (-march=native, compiled at
-// first use by torch.utils.cpp_extension; sage_plugin/core/linear.py).
+// first use by torch.utils.cpp_extension; sage_plugin/kernels/linear.py).
 //
 // Reduction order: each output element y[m, n] sums its K products in LANES strided partial sums (k = l, l + LANES,
 // ...) reduced by a fixed halving tree.  That order depends on neither M, nor the row tile it falls in, nor the split
@@ -18,7 +18,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
-#include "lanes.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <cstdint>

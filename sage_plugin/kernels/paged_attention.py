@@ -1,7 +1,8 @@
 """Attention read in place from a paged K/V cache, for the few query rows of decoding and tree verification (CPU).
 
-``csrc/paged_attention.cpp``, built at first use (:func:`~sage_plugin.core.native.cpu_kernel`).  Request ``b`` of a
-call is one row of ``meta`` ``[bs, 5]`` int64: ``(q_row, n_q, n_cached, n_keys, new_row)``: it owns query rows
+The custom op ``torch.ops.sage_plugin.paged_attention`` (``csrc/paged_attention.cpp``, built at first use by
+:func:`~sage_plugin.kernels.native.cpu_ops`; its fake kernel writes nothing, as ``o`` is its only output).  Request
+``b`` of a call is one row of ``meta`` ``[bs, 5]`` int64: ``(q_row, n_q, n_cached, n_keys, new_row)``: it owns query rows
 ``q_row .. q_row + n_q - 1`` of ``q`` ``[T, H, D]`` (the output goes to the same rows of ``o`` ``[T, H, Dv]``) and
 keys ``j < n_keys``; key ``j`` is the cache row ``slots[b, j]`` of ``k_buf`` / ``v_buf`` ``[P, H_kv, D | Dv]`` when
 ``j < n_cached`` (multiplied by ``key_scale`` / ``value_scale``), else row ``new_row + j - n_cached`` of ``k_new`` /
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .native import cpu_kernel
+from .native import NAMESPACE, cpu_ops
 
 __all__ = ["ALWAYS_ROWS", "MAX_QUERY_ROWS", "SMALL_CALL_ROWS", "attention_kernel", "kernel_takes"]
 
@@ -40,9 +41,16 @@ ALWAYS_ROWS, MAX_QUERY_ROWS, SMALL_CALL_ROWS = 2, 8, 16
 
 
 def attention_kernel() -> Any:
-    """The compiled kernel (``.paged_attention(q, o, k_buf, v_buf, k_new, v_new, slots, meta, visible, mode,
-    sm_scale, key_scale, value_scale)``), or None where it cannot be built."""
-    return cpu_kernel("paged_attention", "attention gathers the cache rows and runs torch's SDPA")
+    """The ops holding the kernel (``.paged_attention(q, o, k_buf, v_buf, k_new, v_new, slots, meta, visible, mode,
+    sm_scale, key_scale, value_scale)``: ``o`` written in place, an empty ``k_new`` / ``v_new`` / ``visible`` for "not
+    given"), or None where it cannot be built."""
+    return cpu_ops("paged_attention", "attention gathers the cache rows and runs torch's SDPA", _register_fakes)
+
+
+def _register_fakes() -> None:
+    @torch.library.register_fake(f"{NAMESPACE}::paged_attention")
+    def _(q, o, k_buf, v_buf, k_new, v_new, slots, meta, visible, mode, sm_scale, key_scale, value_scale) -> None:
+        return None
 
 
 def kernel_takes(query_rows: int, requests: int, *tensors: torch.Tensor) -> bool:

@@ -1,8 +1,8 @@
-// The rows kernel's binding: rows_linear(x, w) for sage_plugin/core/linear.py.  The kernel, its tiling and its
-// reduction order (batch-invariant): rows.h.
+// The rows kernel as the custom op sage_plugin::rows_linear(x, w) for sage_plugin/kernels/linear.py (its fake kernel
+// is registered there).  The kernel, its tiling and its reduction order (batch-invariant): rows_kernel.h.
 #include <torch/extension.h>
 
-#include "rows.h"
+#include "rows_kernel.h"
 
 #include <cstdint>
 
@@ -22,7 +22,7 @@ torch::Tensor rows_linear(const torch::Tensor& x, const torch::Tensor& w) {
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rows_linear", &rows_linear, "x [M, K] @ w [N, K].T, float32 x, float32 or bfloat16 w, CPU, batch-invariant");
-  m.attr("lanes") = sage::LANES;
-}
+// x [M, K] @ w [N, K].T, float32 x, float32 or bfloat16 w, CPU, batch-invariant
+TORCH_LIBRARY_FRAGMENT(sage_plugin, m) { m.def("rows_linear(Tensor x, Tensor w) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(sage_plugin, CPU, m) { m.impl("rows_linear", &rows_linear); }

@@ -1,9 +1,10 @@
 // A Llama-family draft's whole decoder over a few new tokens in one call (CPU, float32 activations): the layers of
-// sage_plugin/engines/lean.py (which documents the arguments) without a Python call per operator.  A small draft's
+// sage_plugin/engines/lean.py without a Python call per operator (sage_plugin/kernels/llama_decoder.py registers the
+// ops' fake kernels).  A small draft's
 // forward at a few tokens is bound by that host work (the bundled 4-layer draft: about 150 operator calls, 2-3 ms,
 // against well under 1 ms of arithmetic); here each layer is RMSNorm -> fused q/k/v product -> rotary -> K/V written
 // into the cache buffer -> attention over the cache -> o product + residual -> RMSNorm -> fused gate/up product ->
-// SiLU gate -> down product + residual, the products by the rows kernel (rows.h), the rest plain loops.
+// SiLU gate -> down product + residual, the products by the rows kernel (rows_kernel.h), the rest plain loops.
 //
 // Shapes: x [B, Q, H] float32 (the embedded new tokens), cos / sin [B, Q, D / 2] float32 (the rotary angles' cos / sin at
 // their positions), mask [B, Q, S + Q] bool (row i of request b sees key j where true), per layer 6 weights (input norm [H],
@@ -17,8 +18,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include "lanes.h"
-#include "rows.h"
+#include "simd.h"
+#include "rows_kernel.h"
 
 #include <cmath>
 #include <cstdint>
@@ -27,7 +28,7 @@
 
 namespace {
 
-using namespace sage;  // lanes.h: vec, LANES, load, store, dot, exp_nonpositive, axpy, reduce
+using namespace sage;  // simd.h: vec, LANES, load, store, dot, exp_nonpositive, axpy, reduce
 
 // y [T, H] = x * rsqrt(mean(x^2) + eps) * w, row by row
 void rms_norm(const float* x, const float* w, float* y, int64_t T, int64_t H, float eps) {
@@ -130,37 +131,36 @@ void attend(const Dims& n, const float* q, const float* kb, const float* vb, con
 void check_weight(const at::Tensor& w, int64_t rows, int64_t cols, const char* name) {
   TORCH_CHECK(w.dim() == 2 && w.size(0) == rows && w.size(1) == cols && w.is_contiguous() && w.device().is_cpu() &&
                   (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
-              "lean_decoder: ", name, " must be a contiguous CPU float32 / bfloat16 [", rows, ", ", cols, "]");
-  TORCH_CHECK(cols % 16 == 0, "lean_decoder: ", name, "'s input width must be a multiple of 16");
+              "llama_decoder: ", name, " must be a contiguous CPU float32 / bfloat16 [", rows, ", ", cols, "]");
+  TORCH_CHECK(cols % 16 == 0, "llama_decoder: ", name, "'s input width must be a multiple of 16");
 }
 
 void check_vector(const at::Tensor& w, int64_t size, const char* name) {
   TORCH_CHECK(w.dim() == 1 && w.size(0) == size && w.is_contiguous() && w.scalar_type() == at::kFloat,
-              "lean_decoder: ", name, " must be a contiguous float32 [", size, "]");
+              "llama_decoder: ", name, " must be a contiguous float32 [", size, "]");
 }
 
-torch::Tensor lean_decoder(const torch::Tensor& x_in, const torch::Tensor& cos, const torch::Tensor& sin,
-                           const torch::Tensor& mask, const std::vector<torch::Tensor>& weights,
-                           const torch::Tensor& final_norm, const std::vector<torch::Tensor>& k_bufs,
-                           const std::vector<torch::Tensor>& v_bufs, int64_t cached, int64_t heads, int64_t kv_heads,
-                           double eps, double scale) {
+torch::Tensor llama_decoder(const torch::Tensor& x_in, const torch::Tensor& cos, const torch::Tensor& sin,
+                            const torch::Tensor& mask, at::TensorList weights, const torch::Tensor& final_norm,
+                            at::TensorList k_bufs, at::TensorList v_bufs, int64_t cached, int64_t heads,
+                            int64_t kv_heads, double eps, double scale) {
   TORCH_CHECK(x_in.dim() == 3 && x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(),
-              "lean_decoder: x must be CPU float32 [B, Q, H]");
+              "llama_decoder: x must be CPU float32 [B, Q, H]");
   const int64_t layers = static_cast<int64_t>(k_bufs.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == 6 * layers && static_cast<int64_t>(v_bufs.size()) == layers,
-              "lean_decoder: 6 weights and one K and V buffer per layer");
-  TORCH_CHECK(layers > 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "lean_decoder: bad head counts");
+              "llama_decoder: 6 weights and one K and V buffer per layer");
+  TORCH_CHECK(layers > 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "llama_decoder: bad head counts");
   Dims n{x_in.size(0), x_in.size(1), x_in.size(2), heads, kv_heads, 0, cached, 0};
   n.D = k_bufs[0].size(3);
   n.cap = k_bufs[0].size(2);
-  TORCH_CHECK(n.D % 2 == 0 && n.S >= 0 && n.cap >= n.S + n.Q, "lean_decoder: the buffers need S + Q rows");
+  TORCH_CHECK(n.D % 2 == 0 && n.S >= 0 && n.cap >= n.S + n.Q, "llama_decoder: the buffers need S + Q rows");
   const int64_t T = n.B * n.Q, L = n.S + n.Q, I = weights[4].size(0) / 2, width = (n.Hq + 2 * n.Hkv) * n.D;
   for (const auto* t : {&cos, &sin})
     TORCH_CHECK(t->sizes() == at::IntArrayRef({n.B, n.Q, n.D / 2}) && t->is_contiguous() &&
                     t->scalar_type() == at::kFloat,
-                "lean_decoder: cos / sin must be contiguous float32 [B, Q, D / 2]");
+                "llama_decoder: cos / sin must be contiguous float32 [B, Q, D / 2]");
   TORCH_CHECK(mask.sizes() == at::IntArrayRef({n.B, n.Q, L}) && mask.is_contiguous() && mask.scalar_type() == at::kBool,
-              "lean_decoder: mask must be contiguous bool [B, Q, S + Q]");
+              "llama_decoder: mask must be contiguous bool [B, Q, S + Q]");
   check_vector(final_norm, n.H, "the final norm");
   for (int64_t l = 0; l < layers; ++l) {
     check_vector(weights[6 * l], n.H, "input_layernorm");
@@ -172,7 +172,7 @@ torch::Tensor lean_decoder(const torch::Tensor& x_in, const torch::Tensor& cos, 
     for (const auto* t : {&k_bufs[l], &v_bufs[l]})
       TORCH_CHECK(t->sizes() == at::IntArrayRef({n.B, n.Hkv, n.cap, n.D}) && t->is_contiguous() &&
                       t->scalar_type() == at::kFloat,
-                  "lean_decoder: K / V buffers must be contiguous float32 [B, Hkv, capacity, D], alike");
+                  "llama_decoder: K / V buffers must be contiguous float32 [B, Hkv, capacity, D], alike");
   }
   auto x = x_in.contiguous().clone();
   Scratch sc(T, n.H, I);
@@ -241,8 +241,23 @@ void layer_after(torch::Tensor& x, const torch::Tensor& att, const torch::Tensor
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("lean_decoder", &lean_decoder, "a Llama-family draft's decoder over a few new tokens (see lean_decoder.cpp)");
-  m.def("layer_before", &layer_before, "one layer's norm, q/k/v product and rotary (see lean_decoder.cpp)");
-  m.def("layer_after", &layer_after, "one layer's o product, MLP and residuals, x in place (see lean_decoder.cpp)");
+// llama_decoder: the whole decoder over a few new tokens, K / V rows written into the buffers; llama_layer_before: one
+// layer's norm, q/k/v product and rotary; llama_layer_after: its o product, MLP and residuals, x in place.
+TORCH_LIBRARY_FRAGMENT(sage_plugin, m) {
+  m.def(
+      "llama_decoder(Tensor x, Tensor cos, Tensor sin, Tensor mask, Tensor[] weights, Tensor final_norm, "
+      "Tensor(a!)[] k_bufs, Tensor(b!)[] v_bufs, int cached, int heads, int kv_heads, float eps, float scale) "
+      "-> Tensor");
+  m.def(
+      "llama_layer_before(Tensor x, Tensor norm, Tensor w_qkv, Tensor cos, Tensor sin, int rotated, int head_dim, "
+      "float eps) -> Tensor");
+  m.def(
+      "llama_layer_after(Tensor(a!) x, Tensor att, Tensor w_o, Tensor norm, Tensor w_gate_up, Tensor w_down, "
+      "float eps) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(sage_plugin, CPU, m) {
+  m.impl("llama_decoder", &llama_decoder);
+  m.impl("llama_layer_before", &layer_before);
+  m.impl("llama_layer_after", &layer_after);
 }

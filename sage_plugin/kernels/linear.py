@@ -6,11 +6,11 @@
 kernel comes to that bound at 2-16 rows differs by CPU, so the number of rows of ``x`` (``x.numel() // K``, float32 on
 CPU) picks the path:
 
-* **1..** :data:`KERNEL_MAX_ROWS` **rows: the rows kernel** (``csrc/rows_linear.cpp``, built for this machine at first
-  use by ``torch.utils.cpp_extension``; ``tools/setup.sh`` builds it once), where the inner size is a multiple of 16
-  and no gradient is wanted.  Every tile of the weight is read once, prefetched ahead, and multiplied into four rows
+* **1..** :data:`KERNEL_MAX_ROWS` **rows: the rows kernel** (the custom op ``torch.ops.sage_plugin.rows_linear``,
+  ``csrc/rows_linear.cpp``, built for this machine at first use by ``torch.utils.cpp_extension``; ``tools/setup.sh``
+  builds it once), where the inner size is a multiple of 16 and no gradient is wanted.  Every tile of the weight is read once, prefetched ahead, and multiplied into four rows
   of ``x`` at a time in vector registers; each loaded vector stays in a register for every row it multiplies
-  (``lanes.h``, ``in_register``), so past 4 rows the loop is bound by arithmetic rather than by loads.  It is
+  (``simd.h``, ``in_register``), so past 4 rows the loop is bound by arithmetic rather than by loads.  It is
   **batch-invariant**: a row's result does not depend on the other rows of the call (each output sums its products
   in one fixed order, 16 at a time in vector registers), so a tree verify computes the same logits for a token as the
   decode step that would have produced it.
@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .native import cpu_kernel
+from .native import NAMESPACE, cpu_ops
 
 __all__ = ["KERNEL_MAX_ROWS", "MAX_ROWS", "kernel_streams", "linear", "rows_kernel", "stored_as"]
 
@@ -61,10 +61,17 @@ KERNEL_MAX_ROWS = 32 if torch.backends.cpu.get_cpu_capability() == "AVX512" else
 
 
 def rows_kernel() -> Any:
-    """The compiled rows kernel (``.rows_linear(x, w)``, ``.lanes``; ``csrc/rows_linear.cpp``), building it on first
-    use (:func:`~sage_plugin.core.native.cpu_kernel`); ``None`` where it cannot be built (one warning per process, then
-    weight-major)."""
-    return cpu_kernel("rows_linear", "using weight-major products")
+    """The ops holding the rows kernel (``.rows_linear(x, w)``: ``x [M, K]`` float32, ``w [N, K]`` float32 or
+    bfloat16, both contiguous, ``K`` a multiple of 16 -> ``[M, N]`` float32; ``csrc/rows_linear.cpp``), building it on
+    first use (:func:`~sage_plugin.kernels.native.cpu_ops`); ``None`` where it cannot be built (one warning per process,
+    then weight-major)."""
+    return cpu_ops("rows_linear", "using weight-major products", _register_fakes)
+
+
+def _register_fakes() -> None:
+    @torch.library.register_fake(f"{NAMESPACE}::rows_linear")
+    def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape[0], w.shape[0])
 
 
 def _padded_rows(rows: int) -> int:

@@ -1,4 +1,4 @@
-// The vector type of the plugin's CPU kernels (rows.h, paged_attention.cpp, lean_decoder.cpp), its fixed-order lane
+// The vector type of the plugin's CPU kernels (rows_kernel.h, paged_attention.cpp, llama_decoder.cpp), its fixed-order lane
 // sum, and the attention kernels' score, exponential and value-mix helpers.
 // LANES float32 lanes: 16 where the compiler targets AVX-512, else 8 (AVX2); GCC vector extensions, so the kernels
 // build with -march=native on either.
@@ -44,7 +44,7 @@ inline vec madd(vec a, vec b, vec c) {
 // inner loop loads each vector it multiplies once and uses it several times (a weight vector against 4 rows of x, an
 // x vector against 3-4 weight rows); without this GCC folds the loads into the FMAs' memory operands, one load per
 // FMA, and the loop becomes bound by loads instead of FMAs (the AVX2 rows kernel: 16 loads for 12 FMAs, 7 with it;
-// the timings are in sage_plugin/core/linear.py).  It changes no arithmetic.
+// the timings are in sage_plugin/kernels/linear.py).  It changes no arithmetic.
 inline vec in_register(vec v) {
 #if defined(__AVX__)
   asm("" : "+v"(v));
@@ -72,7 +72,7 @@ inline float reduce(vec a) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-// Vector helpers of the attention kernels (paged_attention.cpp, lean_decoder.cpp): one definition each, so the
+// Vector helpers of the attention kernels (paged_attention.cpp, llama_decoder.cpp): one definition each, so the
 // two compute a score, an exponential and a value mix the same way.
 
 // q . k over d: LANES strided partial sums (fused multiply-adds from zero, madd()) reduced by reduce(), then the

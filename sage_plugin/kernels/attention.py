@@ -7,8 +7,8 @@ queries are folded::
     query [B, H, Q, D] -> [B, H_kv, g * Q, D]    mask [B, 1, Q, S] -> [B, 1, g * Q, S] (the Q-row block g times)
 
 and one ``torch.nn.functional.scaled_dot_product_attention`` runs: the same arithmetic per query row.  Used by the
-reference engine's HF attention (``engines/attention.py``, ``engines/lean.py``) and SGLang's CPU attention ops
-(``runtimes/sglang/cpu_ops/attention_ops.py``).
+reference engine's HF attention (``engines/attention.py``, ``engines/lean.py``) and, where the paged-attention kernel
+does not take a call, SGLang's CPU attention ops (``runtimes/sglang/cpu_ops/attention_ops.py``).
 """
 
 from __future__ import annotations
