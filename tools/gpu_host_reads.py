@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sage_plugin.runtimes.sglang.clock import HostScalar, StepClock  # noqa: E402
+from sage_plugin.serving.clock import HostScalar, StepClock  # noqa: E402
 
 
 def busy(a: torch.Tensor, n: int) -> None:

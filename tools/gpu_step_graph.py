@@ -57,8 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import unit.graph_step as gs  # noqa: E402  (the repository's tests/ is put on the path above)
 
-from sage_plugin.core.slots import SlotState  # noqa: E402
 from sage_plugin.runtimes.sglang.selection import planned_draft  # noqa: E402
+from sage_plugin.serving.slots import SlotState  # noqa: E402
 
 DEV = "cuda"  # --device
 

@@ -66,8 +66,8 @@ from typing import Any, Mapping
 import yaml
 
 from ..core.policies import POLICIES
-from ..core.tiers import ACCEPTANCE_MODELS, TIER_CONTROLS
 from ..core.tree import MC_SIM_7B_63
+from ..serving.tiers import ACCEPTANCE_MODELS, TIER_CONTROLS
 from .checks import (
     ConfigError,
     _bool,
@@ -139,7 +139,7 @@ class SageConfig:
     # acceptance rates in (0, 1] (`sage calibrate` fits one); empty: the draft's own probabilities
     calibration: tuple[tuple[float, ...], ...] = ()
     # -- serving tiers (SGLang) ----------------------------------------------------------------------
-    # serving tiers (core/tiers.py): [steps, draft_tokens] shapes captured at start-up, one chosen per step by
+    # serving tiers (serving/tiers.py): [steps, draft_tokens] shapes captured at start-up, one chosen per step by
     # measured tokens per second; [0, 1] is speculation off.  Empty: one shape (the largest SAGE can plan)
     tiers: tuple[tuple[int, ...], ...] = ()
     tier_probe_every: int = 16  # steps between re-measurements of a tier not chosen (0: never)
@@ -157,12 +157,12 @@ class SageConfig:
     tier_bound_slack: float = 0.1
     # how a tier's expected tokens are estimated: pooled (one per-level acceptance model shared by every tier, per
     # alpha bin), width (one such model per verify width: tiers of the same draft tokens share it) or per_tier (each
-    # tier's own moving averages); core/tiers.py
+    # tier's own moving averages); serving/tiers.py
     tier_acceptance: str = "width"
     # calibrated: acceptance per batch-size class and alpha bin with the draft's confidence as the prior, change
     # detection, speculation off under doubt, admissions priced; measured: each bin's counts (docs/design/serving-control.md)
     tier_control: str = "calibrated"
-    # a request whose own drafts keep failing stops speculating while its batch goes on (core/request_gate.py)
+    # a request whose own drafts keep failing stops speculating while its batch goes on (serving/request_gate.py)
     tier_request_gate: bool = False
     # steps the off tier may leave a standalone draft behind on CPU instead of running its draft extend; the draft
     # catches up in one forward before the next drafted step (0: every off step runs the extend; a catch-up costs

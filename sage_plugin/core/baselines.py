@@ -14,8 +14,6 @@ All three keep their published fixed shapes (no adaptive state, no cost-aware cu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from .expand import (
@@ -29,11 +27,9 @@ from .expand import (
     finalize_nodes,
     propose,
 )
+from .params import SageParams
 from .policy import FixedShapePolicy, RoundPlan
 from .tree import DraftTree, codes_of_choices, tree_from_choices
-
-if TYPE_CHECKING:
-    from ..config import SageConfig
 
 __all__ = ["ChainPolicy", "Eagle2Policy", "StaticPolicy", "TopNPolicy", "rerank"]
 
@@ -44,14 +40,14 @@ class ChainPolicy(FixedShapePolicy):
     name = "chain"
 
     @classmethod
-    def max_depth_for(cls, cfg: SageConfig) -> int:
+    def max_depth_for(cls, cfg: SageParams) -> int:
         return cfg.chain_depth
 
     @classmethod
-    def max_nodes_for(cls, cfg: SageConfig) -> int:
+    def max_nodes_for(cls, cfg: SageParams) -> int:
         return cfg.chain_depth
 
-    def __init__(self, cfg: SageConfig) -> None:
+    def __init__(self, cfg: SageParams) -> None:
         super().__init__(cfg)
         self.pool_capacity = self.tree_capacity
         self.frontier_capacity = 1
@@ -68,18 +64,18 @@ class StaticPolicy(FixedShapePolicy):
     name = "static"
 
     @classmethod
-    def max_depth_for(cls, cfg: SageConfig) -> int:
+    def max_depth_for(cls, cfg: SageParams) -> int:
         return max(len(p) for p in cfg.static_tree)
 
     @classmethod
-    def max_nodes_for(cls, cfg: SageConfig) -> int:
+    def max_nodes_for(cls, cfg: SageParams) -> int:
         return len(cfg.static_tree)
 
     @classmethod
-    def uses_static_tree(cls, cfg: SageConfig) -> bool:
+    def uses_static_tree(cls, cfg: SageParams) -> bool:
         return True
 
-    def __init__(self, cfg: SageConfig) -> None:
+    def __init__(self, cfg: SageParams) -> None:
         super().__init__(cfg)
         self.choices = cfg.static_tree
         codes = codes_of_choices(self.choices, self.k)
@@ -121,14 +117,14 @@ class Eagle2Policy(FixedShapePolicy):
     name = "eagle2"
 
     @classmethod
-    def max_depth_for(cls, cfg: SageConfig) -> int:
+    def max_depth_for(cls, cfg: SageParams) -> int:
         return cfg.eagle_depth
 
     @classmethod
-    def max_nodes_for(cls, cfg: SageConfig) -> int:
+    def max_nodes_for(cls, cfg: SageParams) -> int:
         return cfg.eagle_total_tokens
 
-    def __init__(self, cfg: SageConfig) -> None:
+    def __init__(self, cfg: SageParams) -> None:
         super().__init__(cfg)
         self.frontier_capacity = cfg.k
         self.pool_capacity = 1 + cfg.k + (cfg.eagle_depth - 1) * cfg.k * cfg.k
@@ -160,14 +156,14 @@ class TopNPolicy(FixedShapePolicy):
     name = "topn"
 
     @classmethod
-    def max_depth_for(cls, cfg: SageConfig) -> int:
+    def max_depth_for(cls, cfg: SageParams) -> int:
         return cfg.topn_max_depth
 
     @classmethod
-    def max_nodes_for(cls, cfg: SageConfig) -> int:
+    def max_nodes_for(cls, cfg: SageParams) -> int:
         return cfg.topn_nodes
 
-    def __init__(self, cfg: SageConfig) -> None:
+    def __init__(self, cfg: SageParams) -> None:
         super().__init__(cfg)
         self.frontier_capacity = cfg.topn_nodes
         self.pool_capacity = 1 + cfg.topn_nodes * cfg.topn_max_depth

@@ -17,7 +17,7 @@ other candidates (the nodes are verified at no extra cost: the shape is fixed):
    ``n_select``.  ``beam`` (default): every candidate is pooled, so the ``n_select`` most probable paths of the
    beam are verified (the reference engine's default rerank of SAGE's beam; in a fixed beam SAGE's W(alpha) cannot
    save draft forwards, so the whole beam is the pool, and SAGE's plan acts through the tier choice of
-   :mod:`sage_plugin.core.tiers` and the static first round); ``children``: the children of the root and of the kept
+   :mod:`sage_plugin.serving.tiers` and the static first round); ``children``: the children of the root and of the kept
    nodes above the planned depth (Eq. 10-12 choose which nodes grow, to D(alpha)); ``kept``: the kept nodes (the
    paper's tree), then fill.  A first-round request (3.) pools the static tree's nodes whatever ``rerank_pool`` says.
 
@@ -43,15 +43,12 @@ Worked example (t = 2, steps = 2; the beam at step 1 is both root children)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from .params import SageParams
 from .shape import LevelProbs, budget_key, in_prob_space, level_keep
 from .tree import codes_of_choices, path_code
-
-if TYPE_CHECKING:
-    from ..config import SageConfig
 
 __all__ = ["BeamCandidates", "ShapedSelection", "eagle_beam_candidates", "select_shaped"]
 
@@ -117,7 +114,7 @@ def select_shaped(
     depth: torch.Tensor,
     width: torch.Tensor,
     n_select: int,
-    cfg: SageConfig,
+    cfg: SageParams,
     static_first: torch.Tensor | None = None,
 ) -> ShapedSelection:
     """Choose ``n_select`` candidates per request: the SAGE shape first, then the most probable others.
@@ -184,7 +181,7 @@ def _pool(
     return torch.ones_like(kept)
 
 
-def _static_mask(cands: BeamCandidates, cfg: SageConfig) -> torch.Tensor:
+def _static_mask(cands: BeamCandidates, cfg: SageParams) -> torch.Tensor:
     """``[B, M]`` bool: candidates whose rank path is in ``cfg.static_tree`` (ancestor-closed: a candidate's parent
     is a beam node, itself a candidate, and the static tree is closed under prefixes)."""
     base = max(cfg.k, cands.topk)  # a code base above every rank keeps codes unique

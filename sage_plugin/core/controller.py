@@ -18,12 +18,10 @@ Worked trace (window 2, lo 2, hi 3, step 1, D_max 8, cap 10, full-window cool-do
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from ..config import SageConfig
+from .params import SageParams
 
 __all__ = ["HistoryState", "history_init", "history_update", "observe_history"]
 
@@ -124,7 +122,7 @@ def history_update(
     return HistoryState(window, seen, since, d_max, total, count)
 
 
-def observe_history(cfg: SageConfig, state: HistoryState, num_accepted: torch.Tensor) -> HistoryState:
+def observe_history(cfg: SageParams, state: HistoryState, num_accepted: torch.Tensor) -> HistoryState:
     """One round of the configured controller: ``num_accepted [B]`` accepted draft tokens (bonus excluded) per request.
 
     Applies ``use_history`` (off: ``state`` unchanged), the tau units of open point 10 (``history_tau``: ``drafts``,

@@ -17,14 +17,10 @@ driving loop are in :mod:`.policy`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .baselines import ChainPolicy, Eagle2Policy, StaticPolicy, TopNPolicy
+from .params import SageParams
 from .policy import FixedShapePolicy, PolicyState, RoundPlan, TreePolicy
 from .sage import SagePolicy
-
-if TYPE_CHECKING:
-    from ..config import SageConfig
 
 __all__ = [
     "POLICIES",
@@ -54,6 +50,6 @@ def policy_class(name: str) -> type[FixedShapePolicy]:
         raise KeyError(f"unknown tree policy {name!r} (known: {', '.join(POLICIES)})") from None
 
 
-def build_policy(cfg: SageConfig) -> TreePolicy:
+def build_policy(cfg: SageParams) -> TreePolicy:
     """The policy named by ``cfg.policy``, built for ``cfg``."""
     return policy_class(cfg.policy)(cfg)

@@ -22,17 +22,15 @@ maps ``SageConfig.policy`` names to them is :mod:`.policies`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
 from .controller import HistoryState, history_init
 from .entropy import topk_confidence
 from .expand import DraftPool, Frontier, finalize
+from .params import SageParams
 from .tree import DraftTree
-
-if TYPE_CHECKING:
-    from ..config import SageConfig
 
 __all__ = ["FixedShapePolicy", "PolicyState", "RoundPlan", "TreePolicy"]
 
@@ -168,27 +166,27 @@ class FixedShapePolicy:
     pad_forwards = False
 
     @classmethod
-    def max_depth_for(cls, cfg: SageConfig) -> int:
+    def max_depth_for(cls, cfg: SageParams) -> int:
         """Deepest draft level any round can reach under ``cfg``."""
         raise NotImplementedError
 
     @classmethod
-    def plan_depth_for(cls, cfg: SageConfig) -> int:
+    def plan_depth_for(cls, cfg: SageParams) -> int:
         """Deepest draft level the policy's plan can reach (:meth:`max_depth_for` unless a reference-engine-only
         search grows deeper, as SAGE's beam does); what a runtime drafting its own fixed beam sizes its steps by."""
         return cls.max_depth_for(cfg)
 
     @classmethod
-    def max_nodes_for(cls, cfg: SageConfig) -> int:
+    def max_nodes_for(cls, cfg: SageParams) -> int:
         """Largest number of draft nodes (root excluded) in one request's tree under ``cfg``."""
         raise NotImplementedError
 
     @classmethod
-    def uses_static_tree(cls, cfg: SageConfig) -> bool:
+    def uses_static_tree(cls, cfg: SageParams) -> bool:
         """Whether ``cfg.static_tree`` is drafted (its ranks must then fit ``cfg.k``)."""
         return False
 
-    def __init__(self, cfg: SageConfig) -> None:
+    def __init__(self, cfg: SageParams) -> None:
         self.cfg = cfg
         self.k = cfg.k
         self.max_depth = self.max_depth_for(cfg)

@@ -15,7 +15,6 @@ Worked example: :mod:`sage_plugin.core.shape`.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,25 +26,23 @@ from .controller import observe_history
 from .cost import cost_cut, level_pays
 from .entropy import topk_confidence
 from .expand import Candidates, DraftPool, Frontier, append, best_nodes, budget_top_n, finalize_nodes, propose
+from .params import SageParams
 from .planned import code_depth, plan_next_tree, planned_selection
 from .policy import FixedShapePolicy, PolicyState, RoundPlan
 from .shape import LevelProbs, budget_key, choose_alpha, in_prob_space, level_keep, plan_shape
 from .tree import DraftTree
 
-if TYPE_CHECKING:
-    from ..config import SageConfig
-
 __all__ = ["SagePolicy", "pool_of", "sage_level_selection"]
 
 
-def pool_of(cfg: SageConfig) -> str:
+def pool_of(cfg: SageParams) -> str:
     """The pool SAGE builds (``rerank_pool``): ``kept`` under ``topology: planned``, whose replay keeps the planned
     tree whatever ``rerank_pool`` says."""
     return "kept" if cfg.topology == "planned" else cfg.rerank_pool
 
 
 def sage_level_selection(
-    cfg: SageConfig, plan: RoundPlan, pool: DraftPool, c: Candidates
+    cfg: SageParams, plan: RoundPlan, pool: DraftPool, c: Candidates
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(keep, expand, insertion order)``, each ``[B, F, K]``, for one level's live candidates (Eq. 10-12).
 
@@ -79,7 +76,7 @@ def _in_top(pool: DraftPool, frontier: Frontier, n: int, width: int) -> Frontier
     return Frontier(torch.where(ok, frontier.idx, -1).gather(1, pack)[:, :width])
 
 
-def _or_first_tree(cfg: SageConfig, depth: int) -> int:
+def _or_first_tree(cfg: SageParams, depth: int) -> int:
     """``depth``, or the static first round's tree depth where that round is drafted and deeper."""
     return max(depth, StaticPolicy.max_depth_for(cfg) if cfg.first_round_static else 0)
 
@@ -90,19 +87,19 @@ class SagePolicy(FixedShapePolicy):
     name = "sage"
 
     @classmethod
-    def max_depth_for(cls, cfg: SageConfig) -> int:
+    def max_depth_for(cls, cfg: SageParams) -> int:
         """The plan's depth (:meth:`plan_depth_for`), or with ``rerank_pool: beam`` the beam's ``beam_depth``."""
         if pool_of(cfg) != "beam":
             return cls.plan_depth_for(cfg)
         return _or_first_tree(cfg, cfg.beam_depth)
 
     @classmethod
-    def plan_depth_for(cls, cfg: SageConfig) -> int:
+    def plan_depth_for(cls, cfg: SageParams) -> int:
         """``d_cap`` with the history controller (``d_max`` without), or the static first tree's depth if deeper."""
         return _or_first_tree(cfg, cfg.d_cap if cfg.use_history else cfg.d_max)
 
     @classmethod
-    def pool_nodes_for(cls, cfg: SageConfig) -> int:
+    def pool_nodes_for(cls, cfg: SageParams) -> int:
         """Draft nodes a round can build (root excluded): ``n_max``, or the static first tree if larger; with
         ``rerank_pool="children"`` the k children of at most k expanded nodes per level."""
         # children / beam: at most pooled_width_for(cfg) nodes of a level grow, each proposing k children
@@ -111,28 +108,28 @@ class SagePolicy(FixedShapePolicy):
         return max(built, StaticPolicy.max_nodes_for(cfg) if cfg.first_round_static else 0)
 
     @classmethod
-    def pooled_width_for(cls, cfg: SageConfig) -> int:
+    def pooled_width_for(cls, cfg: SageParams) -> int:
         """Nodes of one level that grow under ``rerank_pool`` children / beam: ``k``, or the static first tree's
         widest level if wider."""
         static = max(Counter(len(p) for p in cfg.static_tree).values()) if cfg.first_round_static else 0
         return max(cfg.k, static)
 
     @classmethod
-    def max_nodes_for(cls, cfg: SageConfig) -> int:
+    def max_nodes_for(cls, cfg: SageParams) -> int:
         built = cls.pool_nodes_for(cfg)
         total = cls.rerank_total(cfg)
         return min(built, total) if total else built
 
     @staticmethod
-    def rerank_total(cfg: SageConfig) -> int:
+    def rerank_total(cfg: SageParams) -> int:
         """Nodes the final rerank keeps: ``rerank_nodes``, else ``n_max`` for a pooled ``rerank_pool``, else 0 (none)."""
         return cfg.rerank_nodes or (cfg.n_max if pool_of(cfg) != "kept" else 0)
 
     @classmethod
-    def uses_static_tree(cls, cfg: SageConfig) -> bool:
+    def uses_static_tree(cls, cfg: SageParams) -> bool:
         return cfg.first_round_static
 
-    def __init__(self, cfg: SageConfig, fused: bool = True) -> None:
+    def __init__(self, cfg: SageParams, fused: bool = True) -> None:
         """``fused``: run the beam pool's levels (:meth:`_fused_step`) and the levels' cost check
         (:meth:`keep_drafting`) through the CPU kernels where they apply (False: always operator by operator, the
         tests' oracle)."""

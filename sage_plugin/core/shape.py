@@ -29,14 +29,12 @@ Worked example (k = 4, D = 2, W = 2, theta0 = 0.1, so theta_1 = 0.05 and theta_2
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from .expand import budget_top_n
-
-if TYPE_CHECKING:
-    from ..config import SageConfig
+from .params import SageParams
 
 __all__ = ["LevelProbs", "budget_key", "choose_alpha", "in_prob_space", "level_keep", "plan_shape", "round_mode"]
 
@@ -56,7 +54,7 @@ def round_mode(x: torch.Tensor, mode: str) -> torch.Tensor:
     return torch.floor(x + 1e-6).long()
 
 
-def choose_alpha(cfg: SageConfig, carried: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
+def choose_alpha(cfg: SageParams, carried: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
     """``[B]`` confidence that shapes this round (Eq. 9 and open point 1).
 
     Args:
@@ -76,7 +74,7 @@ def choose_alpha(cfg: SageConfig, carried: torch.Tensor, fresh: torch.Tensor) ->
     return carried
 
 
-def plan_shape(cfg: SageConfig, alpha: torch.Tensor, d_max: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def plan_shape(cfg: SageParams, alpha: torch.Tensor, d_max: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 10-11: ``(depth, width)``, each ``[B]`` int64, from ``alpha [B]`` and the controller's ``d_max [B]``.
 
     With ``use_history=False`` the configured ``d_max`` replaces the controller's.
@@ -92,7 +90,7 @@ def plan_shape(cfg: SageConfig, alpha: torch.Tensor, d_max: torch.Tensor) -> tup
     return depth, width
 
 
-def in_prob_space(cfg: SageConfig, full: torch.Tensor, topk: torch.Tensor) -> torch.Tensor:
+def in_prob_space(cfg: SageParams, full: torch.Tensor, topk: torch.Tensor) -> torch.Tensor:
     """The tensor of the configured probability space (open point 5): ``full`` softmax or ``topk`` renormalised."""
     return topk if cfg.prob_space == "topk" else full
 
@@ -113,7 +111,7 @@ class LevelProbs(NamedTuple):
     parent_joint: torch.Tensor
 
 
-def budget_key(cfg: SageConfig, best_first_key: torch.Tensor) -> torch.Tensor:
+def budget_key(cfg: SageParams, best_first_key: torch.Tensor) -> torch.Tensor:
     """``[B, X]`` priority of candidates under ``N_max`` (open point 6), higher first.
 
     ``best_first``: ``best_first_key`` (any increasing function of the path probability); ``parent_order``: the
@@ -126,7 +124,7 @@ def budget_key(cfg: SageConfig, best_first_key: torch.Tensor) -> torch.Tensor:
 
 
 def level_keep(
-    cfg: SageConfig,
+    cfg: SageParams,
     level: int,
     candidate: torch.Tensor,
     ranks: torch.Tensor,

@@ -15,8 +15,8 @@ import torch
 from sage_plugin.config import SageConfig
 from sage_plugin.core.budgeted import eagle_beam_candidates
 from sage_plugin.core.controller import HistoryState
-from sage_plugin.core.slots import SlotState
 from sage_plugin.runtimes.sglang.selection import STAT_FIELDS, BeamSelection, DraftCounters, planned_draft
+from sage_plugin.serving.slots import SlotState
 
 from .config_cases import SELECTION_SWITCHES
 

@@ -54,7 +54,9 @@ def test_the_two_top_p_boundaries_differ_only_at_a_tie():
     assert top_p_keep(probs, at_tie, "reach").tolist() == [[True, True, False, False]]
     assert top_p_keep(probs, at_tie, "exceed").tolist() == [[True, True, True, False]]
     assert top_p_keep(probs, off_tie, "reach").tolist() == top_p_keep(probs, off_tie, "exceed").tolist()
-    torch.testing.assert_close(renormalise(probs, top_p_keep(probs, at_tie, "reach")), torch.tensor([[2 / 3, 1 / 3, 0, 0]]))
+    torch.testing.assert_close(
+        renormalise(probs, top_p_keep(probs, at_tie, "reach")), torch.tensor([[2 / 3, 1 / 3, 0, 0]])
+    )
     with pytest.raises(ValueError, match="boundary"):
         top_p_keep(probs, at_tie, "nearest")
 

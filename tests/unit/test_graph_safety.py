@@ -55,7 +55,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from sage_plugin.core.slots import SlotState
+from sage_plugin.serving.slots import SlotState
 
 from .graph_step import (
     DEFAULTS,

@@ -2,16 +2,17 @@
 
 Layers (a module imports only from lower layers or its own package; ``docs/design/architecture.md`` draws the map)::
 
-    5  cli
-    4  bench, train, config_reference
-    3  engines, runtimes
-    2  support, compat, models, data
-    1  config
+    6  cli
+    5  bench, train, config_reference
+    4  engines, runtimes
+    3  support, compat, models, data
+    2  config
+    1  serving                   (torch and the standard library, and the core)
     0  core, kernels             (torch, numpy and the standard library only; neither imports the other)
 
-Imports under ``if TYPE_CHECKING:`` are annotations, not imports, and are left out (``core`` names
-``SageConfig`` in its signatures that way).  Function-level imports count: a cycle hidden in a function is still a
-cycle.
+Every import counts, those under ``if TYPE_CHECKING:`` included (an annotation is a dependency: the core is typed
+against its own ``core.params.SageParams``, not the config), and function-level imports too: a cycle hidden in a
+function is still a cycle.
 """
 
 from __future__ import annotations
@@ -32,23 +33,24 @@ CORE_THIRD_PARTY = {"torch", "numpy"}
 LAYERS = {
     "core": 0,
     "kernels": 0,
-    "config": 1,
-    "support": 2,
-    "compat": 2,
-    "models": 2,
-    "data": 2,
-    "engines": 3,
-    "runtimes": 3,
-    "bench": 4,
-    "train": 4,
-    "config_reference": 4,
-    "cli": 5,
-    "__init__": 5,
+    "serving": 1,
+    "config": 2,
+    "support": 3,
+    "compat": 3,
+    "models": 3,
+    "data": 3,
+    "engines": 4,
+    "runtimes": 4,
+    "bench": 5,
+    "train": 5,
+    "config_reference": 5,
+    "cli": 6,
+    "__init__": 6,
 }
-HOT_PATH = (
-    "entropy.py", "expand.py", "shape.py", "policy.py", "baselines.py", "sage.py", "planned.py", "budgeted.py",
-    "slots.py", "cost.py", "controller.py", "verify.py",
-)  # fmt: skip
+HOT_PATH = tuple(f"core/{name}.py" for name in (
+    "entropy", "expand", "shape", "policy", "baselines", "sage", "planned", "budgeted", "cost", "controller", "verify",
+    "filters",
+)) + ("serving/slots.py",)  # fmt: skip
 MAX_LINES = 450
 
 
@@ -62,28 +64,14 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(tree: ast.AST):
-    """``(lineno, level, module, names)`` of every import outside ``if TYPE_CHECKING:`` blocks."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                stack.extend(child.orelse)
-                continue
-            if isinstance(child, ast.Import):
-                for alias in child.names:
-                    yield child.lineno, 0, alias.name, []
-            elif isinstance(child, ast.ImportFrom):
-                yield child.lineno, child.level, child.module or "", [a.name for a in child.names]
-            stack.append(child)
+    """``(lineno, level, module, names)`` of every import, ``if TYPE_CHECKING:`` blocks and functions included."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, 0, alias.name, []
+        elif isinstance(node, ast.ImportFrom):
+            yield node.lineno, node.level, node.module or "", [a.name for a in node.names]
 
 
 def _resolve(name: str, level: int, module: str, names: list[str]) -> list[str]:
@@ -173,29 +161,35 @@ def test_no_import_cycles():
     assert not cycles, f"import cycles: {cycles}"
 
 
-@pytest.mark.parametrize(
-    "name", sorted(n for n in MODULES if n.startswith(("sage_plugin.core", "sage_plugin.kernels")))
-)
-def test_core_and_kernels_import_only_torch_stdlib_and_their_own_package(name):
+#: what each low layer may import: third-party top-level modules, and project packages besides its own
+LOW_LAYERS = {
+    "sage_plugin.core": (CORE_THIRD_PARTY, ()),
+    "sage_plugin.kernels": (CORE_THIRD_PARTY, ()),
+    "sage_plugin.serving": ({"torch"}, ("sage_plugin.core",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith(tuple(LOW_LAYERS))))
+def test_low_layers_import_only_torch_stdlib_and_what_they_build_on(name):
     own = ".".join(name.split(".")[:2])
+    third_party, below = LOW_LAYERS[own]
     bad = []
     for line, level, module, _ in _imports(ast.parse(MODULES[name].read_text())):
         top = module.split(".")[0]
-        if level:
-            deps = _resolve(name, level, module, [])
-            if any(not d.startswith(own) for d in deps):
-                bad.append(f"{line}: from {'.' * level}{module}")
-        elif top not in STDLIB | CORE_THIRD_PARTY:
+        deps = _resolve(name, level, module, []) if level else ([module] if top == "sage_plugin" else [])
+        if any(not d.startswith((own, *below)) for d in deps):
+            bad.append(f"{line}: from {'.' * level}{module}")
+        elif not level and top != "sage_plugin" and top not in STDLIB | third_party:
             bad.append(f"{line}: import {module}")
     assert not bad, (
-        f"{name} must import only torch/numpy/stdlib/{own} (config only under TYPE_CHECKING):\n" + "\n".join(bad)
+        f"{name} must import only {sorted(third_party)}, the standard library, {own} and {below}:\n" + "\n".join(bad)
     )
 
 
 @pytest.mark.parametrize("name", HOT_PATH)
 def test_no_host_sync_calls_in_hot_path(name):
     """No ``.item()`` / ``.tolist()`` (device -> host copies) in the batched per-step code."""
-    path = PACKAGE / "core" / name
+    path = PACKAGE / name
     tree = ast.parse(path.read_text(), filename=str(path))
     hits = [
         f"{name}:{node.lineno}: .{node.func.attr}()"
@@ -245,3 +239,45 @@ def test_cited_repository_files_exist():
                 if "*" not in ref and not (REPO / ref.rstrip(".")).exists():
                     missing.append(f"{path.relative_to(REPO)}:{i}: {ref}")
     assert not missing, "\n".join(missing)
+
+
+def _params_reads(tree: ast.AST) -> set[str]:
+    """Attributes read off anything annotated ``SageParams`` in ``tree``: a function's such argument, and
+    ``self.<x>`` where a method stored one as ``self.<x> = <argument>``."""
+    reads: set[str] = set()
+    for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)] + [tree]:
+        stored: set[str] = set()
+        for fn in [n for n in ast.walk(cls) if isinstance(n, ast.FunctionDef)]:
+            args = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+            names = {a.arg for a in args if a.annotation is not None and ast.unparse(a.annotation) == "SageParams"}
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in names:
+                    reads.add(node.attr)
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in names:
+                    stored |= {t.attr for t in node.targets if isinstance(t, ast.Attribute)}
+        for node in ast.walk(cls):
+            inner = node.value if isinstance(node, ast.Attribute) else None
+            if isinstance(inner, ast.Attribute) and inner.attr in stored and ast.unparse(inner.value) == "self":
+                reads.add(node.attr)
+    return reads
+
+
+def test_the_core_reads_only_its_params_and_the_config_provides_them():
+    """``core.params.SageParams`` is the core's whole view of a configuration: every attribute the core and the
+    serving layer read off one is declared there, and ``SageConfig`` declares each with the same type."""
+    from typing import get_type_hints
+
+    from sage_plugin.config import SageConfig
+    from sage_plugin.core.params import SageParams
+
+    declared = {name for name, value in vars(SageParams).items() if isinstance(value, property)}
+    read = set()
+    for name, path in MODULES.items():
+        if name.startswith(("sage_plugin.core", "sage_plugin.serving")):
+            read |= _params_reads(ast.parse(path.read_text()))
+    assert read, "no SageParams reads found: the scan is broken"
+    assert read <= declared, f"read but not in SageParams: {sorted(read - declared)}"
+    config = get_type_hints(SageConfig)
+    wrong = {n: (get_type_hints(getattr(SageParams, n).fget)["return"], config.get(n)) for n in declared
+             if get_type_hints(getattr(SageParams, n).fget)["return"] != config.get(n)}  # fmt: skip
+    assert not wrong, f"SageParams and SageConfig disagree: {wrong}"

@@ -66,20 +66,20 @@ RUNTIMES = {
         SGLANG_SUPPORT,
         _sglang_launch,
         flag_name,
-        ["core/shape.py", "core/budgeted.py", "core/slots.py", "core/controller.py", "core/sage.py",
+        ["core/shape.py", "core/budgeted.py", "serving/slots.py", "core/controller.py", "core/sage.py",
          "core/baselines.py", "runtimes/sglang"],
     ),
     "trtllm": (
         TRTLLM_SUPPORT,
         _trtllm_launch,
         str,
-        ["core/shape.py", "core/slots.py", "core/controller.py", "core/entropy.py", "runtimes/trtllm"],
+        ["core/shape.py", "serving/slots.py", "core/controller.py", "core/entropy.py", "runtimes/trtllm"],
     ),
     "trtllm-tree": (
         TRTLLM_TREE_SUPPORT,
         _trtllm_tree_launch,
         str,
-        ["core/shape.py", "core/budgeted.py", "core/slots.py", "core/controller.py", "core/entropy.py",
+        ["core/shape.py", "core/budgeted.py", "serving/slots.py", "core/controller.py", "core/entropy.py",
          "runtimes/trtllm"],
     ),
 }  # fmt: skip

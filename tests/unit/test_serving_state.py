@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sage_plugin.config import SageConfig
-from sage_plugin.core.slots import SlotState
+from sage_plugin.serving.slots import SlotState
 from tests.oracles import Margin, history_init_ref, history_update_ref, plan_ref
 
 

@@ -1,4 +1,4 @@
-"""Serving tiers: the config field, SGLang's sizes for a tier list, and the host-side tier choice (core/tiers.py).
+"""Serving tiers: the config field, SGLang's sizes for a tier list, and the host-side tier choice (serving/tiers.py).
 
 The chooser is driven the way a runtime drives it (choose at step start, cost when timed, observe when the accept
 counts reach the host) with a simulated device whose per-tier costs and acceptance are known, so the expected choice
@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sage_plugin.config import ConfigError, SageConfig
-from sage_plugin.core.tiers import Tier, TierChooser, parse_tiers
 from sage_plugin.runtimes.sglang.args import spec_sizes
+from sage_plugin.serving.tiers import Tier, TierChooser, parse_tiers
 
 OFF, SMALL, BIG = Tier(0, 1), Tier(2, 4), Tier(4, 8)
 
@@ -258,7 +258,7 @@ def test_alpha_feedback_is_credited_to_the_bin_its_step_ran_in():
 
 
 def test_host_scalar_on_cpu_is_read_at_once():
-    from sage_plugin.runtimes.sglang.clock import HostScalar
+    from sage_plugin.serving.clock import HostScalar
 
     h = HostScalar("cpu")
     assert h.latest() is None
@@ -491,7 +491,7 @@ class _FakeEvent:
 def test_step_clock_on_cuda_reports_steps_in_launch_order_once_their_events_completed(monkeypatch):
     """The CUDA path never waits: a step's time comes back once its end event completed, and never ahead of an
     earlier step's."""
-    from sage_plugin.runtimes.sglang.clock import StepClock
+    from sage_plugin.serving.clock import StepClock
 
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     clock = StepClock("cuda")
@@ -510,7 +510,7 @@ def test_step_clock_on_cuda_reports_steps_in_launch_order_once_their_events_comp
 
 
 def _fake_cuda_host_scalar(monkeypatch, fixed_lag):
-    from sage_plugin.runtimes.sglang.clock import HostScalar
+    from sage_plugin.serving.clock import HostScalar
 
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(HostScalar, "_pinned", staticmethod(lambda: torch.zeros(())))
@@ -544,7 +544,7 @@ def test_host_scalar_at_a_fixed_lag_reads_the_value_pushed_lag_pushes_ago(monkey
 
 
 def test_host_scalar_lag_range():
-    from sage_plugin.runtimes.sglang.clock import HostScalar
+    from sage_plugin.serving.clock import HostScalar
 
     with pytest.raises(ValueError, match="fixed_lag"):
         HostScalar("cpu", fixed_lag=4)

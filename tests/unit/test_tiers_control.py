@@ -17,10 +17,10 @@ import random
 import pytest
 
 from sage_plugin.config import ConfigError, SageConfig
-from sage_plugin.core.admission import AdmissionPrice
-from sage_plugin.core.request_gate import RequestGate
-from sage_plugin.core.tier_levels import LevelModel
-from sage_plugin.core.tiers import TIER_CONTROLS, Tier, TierChooser
+from sage_plugin.serving.admission import AdmissionPrice
+from sage_plugin.serving.request_gate import RequestGate
+from sage_plugin.serving.tier_levels import LevelModel
+from sage_plugin.serving.tiers import TIER_CONTROLS, Tier, TierChooser
 
 OFF, ONE, THREE = Tier(0, 1), Tier(1, 2), Tier(3, 4)
 

@@ -1,4 +1,4 @@
-"""The level acceptance models of the tier chooser (``acceptance="pooled"`` and ``"width"``, core/tiers.py): against a
+"""The level acceptance models of the tier chooser (``acceptance="pooled"`` and ``"width"``, serving/tiers.py): against a
 naive recount, their decay, what a shallow tier's steps tell a deep tier (pooled: always; width: at the same verify
 width only), and the choice they drive on a simulated device."""
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sage_plugin.config import SageConfig
-from sage_plugin.core.tiers import Tier, TierChooser
+from sage_plugin.serving.tiers import Tier, TierChooser
 
 OFF, ONE, THREE = Tier(0, 1), Tier(1, 2), Tier(3, 4)
 TIERS = (OFF, ONE, THREE)

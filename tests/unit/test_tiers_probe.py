@@ -1,4 +1,4 @@
-"""When a lost probe backs its tier off (``probe_confidence``, core/tiers.py): the optimistic rate by hand, and on a
+"""When a lost probe backs its tier off (``probe_confidence``, serving/tiers.py): the optimistic rate by hand, and on a
 simulated device the tier whose first steps were priced badly is found again while a tier that cannot pay still
 backs off.
 
@@ -14,7 +14,7 @@ import random
 import pytest
 
 from sage_plugin.config import ConfigError, SageConfig
-from sage_plugin.core.tiers import Tier, TierChooser
+from sage_plugin.serving.tiers import Tier, TierChooser
 
 OFF, ONE, THREE = Tier(0, 1), Tier(1, 2), Tier(3, 4)
 BATCH_1 = {OFF: 0.090, ONE: 0.095, THREE: 0.132}  # seconds a step at batch 1

@@ -17,10 +17,10 @@ import torch
 
 from sage_plugin.config import ConfigError, SageConfig
 from sage_plugin.core.budgeted import eagle_beam_candidates, select_shaped
-from sage_plugin.core.slots import SlotState
 from sage_plugin.runtimes.trtllm import dynamic_tree
 from sage_plugin.runtimes.trtllm.contract import TREE_WORKER_READ, ContractMismatchError
 from sage_plugin.runtimes.trtllm.dynamic_tree import install_dynamic_tree_policy, uninstall_dynamic_tree_policy
+from sage_plugin.serving.slots import SlotState
 
 V = 50
 

@@ -20,7 +20,7 @@ Modules (``docs/design/sglang-internals.md`` describes how they fit together):
 * :mod:`.algo`: ``SageSpecAlgo`` and its EAGLE variants, the server-args callbacks (imports SGLang);
 * :mod:`.worker`: the SAGE workers on SGLang's EAGLE v2 workers; :mod:`.selection` the plan and the node choice
   inside the captured draft step; :mod:`.tiers` the serving tiers on SGLang's adaptive runtime states;
-  :mod:`.clock` sync-free host reads of step times and alpha; :mod:`.tpsync` the tree broadcast from rank 0;
+  :mod:`.tpsync` the tree broadcast from rank 0;
 * :mod:`.meta`: ``meta_info["sage"]`` per request;
 * :mod:`.draft_weights`, :mod:`.lean_draft`, :mod:`.offstep`, :mod:`.lag`, :mod:`.ragged`: the CPU paths (the
   draft's head rows and bfloat16 weights, its lean decoder, the off tier's DECODE forward and skipped extends, the

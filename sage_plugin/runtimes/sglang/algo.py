@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from sage_plugin.config import ConfigError, SageConfig
-from sage_plugin.core.tiers import parse_tiers
 from sage_plugin.models import check_eagle3_config
+from sage_plugin.serving.tiers import parse_tiers
 
 from .args import SpecSizes, flag_name, sage_config_of, spec_sizes
 from .support import SGLANG_SUPPORT

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from sage_plugin.config import ConfigError, SageConfig, from_mapping, read_sage_yaml
-from sage_plugin.core.tiers import Tier, parse_tiers
+from sage_plugin.serving.tiers import Tier, parse_tiers
 
 __all__ = [
     "CONFIG_FLAG",

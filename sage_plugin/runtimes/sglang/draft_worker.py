@@ -20,9 +20,9 @@ from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 from sglang.srt.utils import is_hip
 
 from sage_plugin.config import SageConfig
-from sage_plugin.core.slots import SlotState
-from sage_plugin.core.tiers import parse_tiers
 from sage_plugin.models import draft_head_ids
+from sage_plugin.serving.slots import SlotState
+from sage_plugin.serving.tiers import parse_tiers
 
 from .draft_weights import DraftHeadRows, rank_head_ids, store_draft_linears
 from .hooks import ACTIVE_SELECTION

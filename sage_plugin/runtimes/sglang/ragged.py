@@ -4,7 +4,7 @@ SGLang verifies ``N`` tokens per request at every drafted step (the tier's ``dra
 compute-bound (a CPU at many requests) every verified row costs a sizeable share of a decoded token, while the draft's
 least likely nodes are rarely accepted (docs/design/sglang-internals.md, "Ragged verify").  With ``ragged_verify`` a node whose draft path
 probability (the beam's score of the node, :class:`.selection.BeamSelection` keeps it) is below the tier chooser's
-:meth:`~sage_plugin.core.tiers.TierChooser.row_threshold` at the batch size is dropped from the step:
+:meth:`~sage_plugin.serving.tiers.TierChooser.row_threshold` at the batch size is dropped from the step:
 
 * **unlinked** from the tree SGLang walks (:func:`unlink`: ``retrieve_next_token`` / ``retrieve_next_sibling`` skip
   it), so verification can never accept it or read its row;

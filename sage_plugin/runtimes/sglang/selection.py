@@ -18,7 +18,7 @@ import torch
 
 from sage_plugin.config import SageConfig
 from sage_plugin.core.budgeted import eagle_beam_candidates, select_shaped
-from sage_plugin.core.slots import RoundShape, SlotState
+from sage_plugin.serving.slots import RoundShape, SlotState
 
 from .meta import ROUND_FIELDS
 

@@ -5,25 +5,25 @@ backends and graph runners) per step count at start-up and swaps them by referen
 (``EAGLEWorkerV2.build_adaptive_runtime_state`` / ``apply_runtime_state``); its ``AdaptiveController`` keys the
 states by step count and builds ``steps + 1`` verified tokens (a chain).  SAGE's tiers are ``(steps, draft_tokens)``
 pairs with the beam's topk fixed, so :class:`SageTierController` is that controller keyed by
-:class:`~sage_plugin.core.tiers.Tier`, with :class:`~sage_plugin.core.tiers.TierChooser` as the policy:
+:class:`~sage_plugin.serving.tiers.Tier`, with :class:`~sage_plugin.serving.tiers.TierChooser` as the policy:
 
 * ``init_states`` (called by ``EAGLEWorkerV2.init_cuda_graphs``, as for ``--speculative-adaptive``) builds every
   tier's state through the worker's own ``build_adaptive_runtime_state``;
 * ``activate_step_by_batch`` (called by ``EAGLEWorkerV2.forward_batch_generation`` before each decode step) asks
   the chooser for the step's tier from the batch size, the batch's mean SAGE alpha as last read on the host
-  (:class:`~.clock.HostScalar`, set by the worker as :attr:`SageTierController.alpha`) and host-side estimates only, and
+  (:class:`sage_plugin.serving.clock.HostScalar`, set by the worker as :attr:`SageTierController.alpha`) and host-side estimates only, and
   swaps the state;
 * ``on_verify_complete`` (SGLang's result processor, once accept lengths are on the host) feeds the chooser.
 
-With a per-request gate (``--sage-tier-request-gate``, :class:`~sage_plugin.core.request_gate.RequestGate`) the
+With a per-request gate (``--sage-tier-request-gate``, :class:`~sage_plugin.serving.request_gate.RequestGate`) the
 controller also decides, before each decode step, which of the batch's requests speculate (:attr:`SageTierController.mask`,
 ``[B]`` in batch order, from the request keys the worker sets as :attr:`SageTierController.keys`): the chooser prices
 the tiers with that many drafting requests, the worker gives the other requests' roots no children
 (:meth:`SageTierController.speculate_mask`), and only the drafting requests' accept counts feed the acceptance
 estimates.  Prefill passes are timed for the admission price (:meth:`SageTierController.record_prefill`).
 
-:class:`~.clock.StepClock` times each decode step for the chooser's cost table without a device sync and
-:class:`~.clock.HostScalar` reads a device scalar (the batch's mean alpha) the same way (:mod:`.clock`).
+:class:`sage_plugin.serving.clock.StepClock` times each decode step for the chooser's cost table without a device sync and
+:class:`sage_plugin.serving.clock.HostScalar` reads a device scalar (the batch's mean alpha) the same way (:mod:`sage_plugin.serving.clock`).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import torch
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
 
 from sage_plugin.config import SageConfig
-from sage_plugin.core.admission import AdmissionPrice
-from sage_plugin.core.request_gate import RequestGate
-from sage_plugin.core.tiers import TIER_CONTROLS, Tier, TierChooser, parse_tiers
+from sage_plugin.serving.admission import AdmissionPrice
+from sage_plugin.serving.request_gate import RequestGate
+from sage_plugin.serving.tiers import TIER_CONTROLS, Tier, TierChooser, parse_tiers
 
 __all__ = [
     "RankZeroTimes", "SageTierController", "TierSwitchLogFilter", "request_gate", "request_keys", "tier_chooser",
@@ -204,7 +204,7 @@ class SageTierController(AdaptiveController):
         return host.pin_memory().to(device, non_blocking=True)
 
     def record_times(self, times: list[tuple[tuple[Tier | None, int], float]], admitted: list[int] | None) -> None:
-        """Measured passes ``((tier, batch size), seconds)`` (:class:`~.clock.StepClock`): a decode step's cost, or with
+        """Measured passes ``((tier, batch size), seconds)`` (:class:`sage_plugin.serving.clock.StepClock`): a decode step's cost, or with
         tier None a prefill pass's time (the admission price); ``admitted``: the request keys of a prefill pass that
         just ran (the gate forgets their slots' predecessors)."""
         for (tier, bs), seconds in times:

@@ -11,7 +11,7 @@ backends, tree build and verify, and decides only what SAGE decides (nothing is 
 
 * at the start of the draft step, :class:`SageDraftWorker` plans every request's round from its root distribution
   (the beam's first top-k probabilities) and its slot's history: alpha -> (D, W)
-  (:class:`sage_plugin.core.slots.SlotState`), inside ``draft_forward``, the callable SGLang's draft CUDA graph
+  (:class:`sage_plugin.serving.slots.SlotState`), inside ``draft_forward``, the callable SGLang's draft CUDA graph
   runner captures (:func:`.selection.planned_draft`);
 * the verified nodes are chosen by :func:`sage_plugin.core.budgeted.select_shaped` (``rerank_pool``: the beam's
   most probable paths by default, or SAGE's shape first), through the ``organize_draft_results`` hook
@@ -39,9 +39,9 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
 
 from sage_plugin.core.entropy import root_confidence
+from sage_plugin.serving.clock import HostScalar, StepClock
 
 from .args import sage_config_of
-from .clock import HostScalar, StepClock
 from .draft_worker import SageDraftMixin, SageDraftWorker, SageEagleDraftWorker, tp_sync_due, tp_sync_group
 from .meta import SageRoundDevice
 from .penalties import ACTIVE_VERIFY, prefilled, verify_context

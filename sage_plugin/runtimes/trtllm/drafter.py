@@ -7,7 +7,7 @@ zero-pads each request's ``py_draft_tokens`` back to ``K`` and verifies ``1 + K`
 (width 1) here, and what SAGE decides is its length, per request and per step:
 
 1. the outcome of the previous step, ``py_num_accepted_draft_tokens``, feeds the request slot's history controller
-   (:meth:`sage_plugin.core.slots.SlotState.observe`; slot = ``py_seq_slot``; a new request resets its slot);
+   (:meth:`sage_plugin.serving.slots.SlotState.observe`; slot = ``py_seq_slot``; a new request resets its slot);
 2. the draft model catches up with the request's tokens (``get_tokens(0)``; its KV cache is cropped to the accepted
    prefix first, :mod:`.runner`) and gives the root distribution;
 3. alpha (Eq. 9, top-k of the root) and ``D`` (Eq. 10 with the slot's history ``D_max``) come from
@@ -36,7 +36,7 @@ from typing import Any, Callable, Hashable, Mapping
 import torch
 
 from ...config import SageConfig
-from ...core.slots import SlotState
+from ...serving.slots import SlotState
 from .runner import DraftRunner, HFDraftRunner
 
 __all__ = [

@@ -15,7 +15,7 @@ At the end, ``resampling_final_draft_tokens`` keeps the top ``M = max_total_draf
 
 * ``update_draft_tokens_and_scores`` (wrapped): at layer 0 the policy feeds the step's accept lengths
   (``_num_accepted_tokens_buf``) to each slot's history, resets the slots of context requests and plans alpha, D, W
-  per slot from the root's top-K probabilities (:class:`sage_plugin.core.slots.SlotState`, slots =
+  per slot from the root's top-K probabilities (:class:`sage_plugin.serving.slots.SlotState`, slots =
   ``spec_tree_manager.slot_storage.all_ids_buf``, i.e. ``py_seq_slot``);
 * ``resampling_final_draft_tokens`` (replaced): :func:`~sage_plugin.core.budgeted.select_shaped` picks the ``M``
   nodes (``rerank_pool``: the most probable paths by default, or SAGE's shape first); their scores are raised by 2
@@ -46,7 +46,7 @@ import torch
 
 from ...config import SageConfig
 from ...core.budgeted import eagle_beam_candidates, select_shaped
-from ...core.slots import SlotState
+from ...serving.slots import SlotState
 from .contract import DYNAMIC_TREE_COMMIT, TREE_WORKER, check_class_against_contract
 from .support import TRTLLM_TREE_SUPPORT
 

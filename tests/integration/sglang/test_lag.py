@@ -124,8 +124,8 @@ def test_the_chooser_sees_no_alpha_while_the_draft_is_behind():
     and the chooser ranks tiers by their estimates over every alpha; a caught-up draft's root gives it again."""
     from sage_plugin.config import SageConfig
     from sage_plugin.core.entropy import root_confidence
-    from sage_plugin.runtimes.sglang.clock import HostScalar
     from sage_plugin.runtimes.sglang.worker import SageWorkerMixin
+    from sage_plugin.serving.clock import HostScalar
 
     lag = DraftLag(4, 4, 2, "cpu")
     worker = types.SimpleNamespace(

@@ -16,7 +16,7 @@ pytest.importorskip("sglang")
 from sglang.srt.speculative.eagle_utils import organize_draft_results  # noqa: E402
 
 from sage_plugin.config import SageConfig  # noqa: E402
-from sage_plugin.core.slots import SlotState  # noqa: E402
+from sage_plugin.serving.slots import SlotState  # noqa: E402
 
 from ...unit.graph_step import SMALL, TOPK, new_selection, sglang_beam  # noqa: E402
 

@@ -31,14 +31,14 @@ from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState  # no
 from sglang.srt.speculative.base_spec_worker import EagleDraftWorkerBase  # noqa: E402
 
 from sage_plugin.config import SageConfig  # noqa: E402
-from sage_plugin.core.slots import SlotState  # noqa: E402
-from sage_plugin.core.tiers import Tier, TierChooser, parse_tiers  # noqa: E402
 from sage_plugin.runtimes.sglang import hooks  # noqa: E402
 from sage_plugin.runtimes.sglang.algo import SageSpecAlgo, sage_worker_factory  # noqa: E402
 from sage_plugin.runtimes.sglang.args import STASH_ATTR, SageCliArgs, spec_sizes  # noqa: E402
 from sage_plugin.runtimes.sglang.hooks import ACTIVE_SELECTION  # noqa: E402
 from sage_plugin.runtimes.sglang.tiers import SageTierController  # noqa: E402
 from sage_plugin.runtimes.sglang.worker import SageDraftMixin  # noqa: E402
+from sage_plugin.serving.slots import SlotState  # noqa: E402
+from sage_plugin.serving.tiers import Tier, TierChooser, parse_tiers  # noqa: E402
 
 TIERS = ((0, 1), (3, 5), (4, 8), (6, 11))
 

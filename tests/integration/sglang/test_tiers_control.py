@@ -24,13 +24,13 @@ import pytest
 pytest.importorskip("sglang")
 
 from sage_plugin.config import SageConfig  # noqa: E402
-from sage_plugin.core.tiers import Tier  # noqa: E402
 from sage_plugin.runtimes.sglang.tiers import (  # noqa: E402
     RankZeroTimes,
     SageTierController,
     request_gate,
     tier_chooser,
 )
+from sage_plugin.serving.tiers import Tier  # noqa: E402
 
 from .test_tiers_capture import RecordingWorker  # noqa: E402
 

@@ -21,9 +21,9 @@ import torch
 
 pytest.importorskip("sglang")
 
-from sage_plugin.core.tiers import TierChooser, parse_tiers  # noqa: E402
 from sage_plugin.runtimes.sglang.tiers import RankZeroTimes, SageTierController  # noqa: E402
 from sage_plugin.runtimes.sglang.tpsync import sync_due, sync_verify_input  # noqa: E402
+from sage_plugin.serving.tiers import TierChooser, parse_tiers  # noqa: E402
 
 from .test_tiers_capture import RecordingWorker  # noqa: E402
 

@@ -7,16 +7,14 @@ Worked example: a chooser that ran ``[3, 4]`` 40 times at batch 1 (96.4 ms a ste
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .tiers import TierChooser
+from typing import Any
 
 __all__ = ["tier_summary"]
 
 
-def tier_summary(chooser: TierChooser) -> dict[str, dict[str, float | None]]:
-    """Per tier of ``chooser``: expected tokens per request (its current estimates: overall, and per alpha bin
+def tier_summary(chooser: Any) -> dict[str, dict[str, float | None]]:
+    """Per tier of ``chooser`` (a :class:`~.tiers.TierChooser`, which calls this from its ``summary``; not imported:
+    the chooser imports this module): expected tokens per request (its current estimates: overall, and per alpha bin
     ``tokens@aB``), ``mean_tokens`` (tokens per request averaged over every request the tier ever served, None before
     any; the off tier: 1.0), the measured cost (ms) at each size class seen (the batch size itself without captured
     sizes) and the steps run there; then ``overhead``: the per-step overhead, the admission price per token of each

@@ -77,8 +77,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Sequence
 
+from ..core.calibration import calibration_bin
 from .admission import AdmissionPrice
-from .calibration import calibration_bin
 from .tier_costs import Tier, TierCosts, parse_tiers
 from .tier_levels import LevelModel
 from .tier_report import tier_summary

@@ -23,16 +23,13 @@ Worked example (one slot, d_min 3, d_max 8, w_min 2, w_max 10, k = topk = 4, alp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from .controller import HistoryState, history_init, observe_history
-from .entropy import root_confidence
-from .shape import choose_alpha, plan_shape
-
-if TYPE_CHECKING:
-    from ..config import SageConfig
+from ..core.controller import HistoryState, history_init, observe_history
+from ..core.entropy import root_confidence
+from ..core.params import SageParams
+from ..core.shape import choose_alpha, plan_shape
 
 __all__ = ["RoundShape", "SlotState"]
 
@@ -58,7 +55,7 @@ class SlotState:
         device: where the state lives.
     """
 
-    def __init__(self, cfg: SageConfig, num_slots: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, cfg: SageParams, num_slots: int, device: torch.device | str = "cpu") -> None:
         if cfg.alpha_source == "path_mean":  # the runtime's launch check refuses it first (sage_plugin.support)
             raise ValueError("alpha_source path_mean needs the accepted path's draft distributions")
         self.cfg = cfg
