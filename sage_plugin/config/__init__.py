@@ -63,8 +63,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from ..core.policies import POLICIES
 from ..core.tree import MC_SIM_7B_63
 from ..serving.tiers import ACCEPTANCE_MODELS, TIER_CONTROLS
@@ -78,6 +76,8 @@ from .checks import (
     _validate_tiers,
     _validate_tree_choices,
 )
+from .files import read_yaml_mapping
+from .opt_out import OPT_OUT_PARAMS, opt_out_names
 
 __all__ = [
     "ConfigError",
@@ -88,21 +88,6 @@ __all__ = [
     "opt_out_names",
     "read_sage_yaml",
 ]
-
-
-#: request parameters ``opt_out_params`` may name (a request using one runs without speculation)
-OPT_OUT_PARAMS = (
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-    "min_new_tokens",
-    "logit_bias",
-    "json_schema",
-    "regex",
-    "ebnf",
-    "structural_tag",
-    "sampling",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,15 +351,6 @@ class SageConfig:
         return from_mapping(read_sage_yaml(path, section=section))
 
 
-def opt_out_names(opt_out_params: str) -> tuple[str, ...]:
-    """``opt_out_params`` as names.
-
-    >>> opt_out_names("presence_penalty, sampling")
-    ('presence_penalty', 'sampling')
-    """
-    return tuple(p.strip() for p in opt_out_params.split(",") if p.strip())
-
-
 def read_sage_yaml(path: str | Path, *, section: str | None = "sage", label: str | None = None) -> dict[str, Any]:
     """The SageConfig fields of a YAML file, unvalidated: the one reader of SAGE YAML (reference and runtimes).
 
@@ -384,17 +360,7 @@ def read_sage_yaml(path: str | Path, *, section: str | None = "sage", label: str
     validate the result once (:func:`from_mapping`).
     """
     where = label or str(path)
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read the file ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML ({exc})") from None
-    data = {} if data is None else data
-    if section is not None and isinstance(data, dict) and section in data:
-        data = data[section]
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping of SageConfig fields, got {type(data).__name__}")
+    data = read_yaml_mapping(path, where, section, what="a mapping of SageConfig fields")
     known = {f.name for f in dataclasses.fields(SageConfig)}
     unknown = sorted(str(k) for k in data if k not in known)
     if unknown:

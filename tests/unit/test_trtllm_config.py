@@ -120,7 +120,7 @@ def test_trtllm_config_file_is_merged_under_llm(tmp_path):
     (tmp_path / "opts.yaml").write_text(yaml.safe_dump({**TREE["llm"], "max_batch_size": 4}))
     launch = load_launch(_write(tmp_path, {**TREE, "llm": {"max_batch_size": 2}, "trtllm_config": "opts.yaml"}))
     assert launch.llm["max_batch_size"] == 2 and launch.llm["speculative_config"]["max_total_draft_tokens"] == 12
-    with pytest.raises(ConfigError, match=r"^trtllm_config: cannot read"):
+    with pytest.raises(ConfigError, match=r"^trtllm_config .*missing\.yaml: cannot read the file"):
         load_launch(_write(tmp_path, {**TREE, "trtllm_config": "missing.yaml"}))
 
 

@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from ...config import ConfigError, SageConfig, from_mapping
+from ...config.files import read_yaml_mapping
 from .drafter import DEFAULT_SLOTS, DrafterSpec
 from .support import TRTLLM_SUPPORT, TRTLLM_TREE_SUPPORT
 
@@ -255,14 +254,9 @@ def parse_launch(data: Any, base_dir: Path | None = None) -> TrtllmLaunch:
 
 
 def read_yaml(path: Path, where: str) -> dict:
-    """A YAML mapping, or one ConfigError naming ``where`` and the path."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read {path} ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: {path} is not valid YAML ({exc})") from None
-    return _mapping(f"{where} ({path})", data)
+    """A YAML mapping, or one ConfigError naming ``where`` and the path (:func:`~sage_plugin.config.files.
+    read_yaml_mapping`)."""
+    return read_yaml_mapping(path, f"{where} {path}")
 
 
 def load_launch(path: str | Path, overrides: Mapping[str, Any] | None = None) -> TrtllmLaunch:
