@@ -24,10 +24,13 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 from ..core.cost import RoundCost, interpolate
 
-__all__ = ["CostSamples", "WINDOW"]
+__all__ = ["CostSamples", "TimedForwards", "WINDOW"]
 
 #: timings kept per size: the median of the last WINDOW (start-up samples included until pushed out)
 WINDOW = 9
@@ -104,3 +107,23 @@ class CostSamples:
         verify_ms = cost.verify_ms.clone()
         verify_ms[self.limit + 1 :] = float("inf")
         return RoundCost(verify_ms, float(draft_ms), cost.verify_run, cost.draft_run)
+
+
+class TimedForwards:
+    """The forwards of a decode, timed into its live :class:`CostSamples` when it keeps them (``_live``; None: run
+    untimed); the reference engine's base.  ``device`` is the engine's."""
+
+    _live: CostSamples | None
+    device: Any
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _timed_forward(self, model: Any, kind: str, size: int, *args) -> Any:
+        """``model.forward(*args)``, timed into the live cost samples when this decode keeps them."""
+        return self._timed(model.forward, kind, size, *args)
+
+    def _timed(self, forward, kind: str, size: int, *args):
+        live = self._live
+        return forward(*args) if live is None else live.timed(forward, kind, size, self._sync, *args)

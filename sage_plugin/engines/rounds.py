@@ -10,8 +10,20 @@ from dataclasses import dataclass
 import torch
 
 from ..core.policies import PolicyState, TreePolicy
+from ..core.verify import VerifyResult, process_logits, sample_tokens
+from .records import RoundLog, SamplingParams
 
-__all__ = ["LevelClock", "PolicyClock", "SpecBatch", "emit_tokens", "rows_of"]
+__all__ = [
+    "LevelClock",
+    "PolicyClock",
+    "SpecBatch",
+    "ancestor_slots",
+    "choose_tokens",
+    "emit_tokens",
+    "log_round",
+    "rows_of",
+    "sampling_filters",
+]
 
 
 @dataclass(slots=True)
@@ -161,3 +173,51 @@ def emit_tokens(outputs: list, ids: list[int], new_tokens: torch.Tensor, counts:
 def rows_of(active: list[bool], device) -> torch.Tensor:
     """Indices of the rows still active."""
     return torch.tensor([i for i, a in enumerate(active) if a], dtype=torch.int64, device=device)
+
+
+def choose_tokens(logits: torch.Tensor, params: SamplingParams, gen) -> torch.Tensor:
+    """Token after each row of ``logits [B, Q, V]`` (greedy or sampled)."""
+    if params.temperature <= 0:
+        return logits.argmax(-1)
+    bsz = logits.shape[0]
+    top_k, top_p = sampling_filters(params, bsz, logits.device)
+    probs = process_logits(logits, torch.full((bsz,), params.temperature, device=logits.device), top_k, top_p)
+    return sample_tokens(probs, gen)
+
+
+def sampling_filters(
+    params: SamplingParams, bsz: int, device: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Per-request top-k / top-p tensors, or None where the filter is disabled (skips a vocab sort)."""
+    top_k = torch.full((bsz,), params.top_k, dtype=torch.int64, device=device) if params.top_k > 0 else None
+    top_p = torch.full((bsz,), params.top_p, device=device) if params.top_p < 1.0 else None
+    return top_k, top_p
+
+
+def ancestor_slots(pool, slot_of: torch.Tensor, fidx: torch.Tensor, level: int, num_slots: int) -> torch.Tensor:
+    """``[B, F, S]`` bool: draft KV slots of each frontier node's strict ancestors (root included)."""
+    bsz, width = fidx.shape
+    extra = torch.zeros(bsz, width, num_slots + 1, dtype=torch.bool, device=fidx.device)
+    node = pool.parents.gather(1, fidx.clamp(min=0))
+    for _ in range(level):
+        slot = torch.where(node >= 0, slot_of.gather(1, node.clamp(min=0)), num_slots)
+        slot = torch.where(slot >= 0, slot, num_slots)
+        extra.scatter_(2, slot[..., None], True)
+        node = torch.where(node >= 0, pool.parents.gather(1, node.clamp(min=0)), -1)
+    return extra[..., :num_slots]
+
+
+def log_round(outputs, ids, plan, tree, res: VerifyResult, forwards: int) -> None:
+    """Append each request's :class:`~.records.RoundLog` of a verified round (host copies: logging only)."""
+    cols = [
+        res.num_accepted.tolist(),
+        (tree.num_nodes - 1).tolist(),
+        tree.depths.max(1).values.tolist(),
+        plan.alpha.tolist(),
+        plan.root_alpha.tolist(),
+        plan.depth.tolist(),
+        plan.width.tolist(),
+    ]
+    for rid, (tau, nodes, dep, a, ra, pd, pw) in zip(ids, zip(*cols)):
+        outputs[rid].rounds.append(RoundLog(tau, nodes, dep, a, ra, pd, pw, forwards))
+        outputs[rid].target_forwards += 1

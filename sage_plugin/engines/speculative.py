@@ -44,9 +44,10 @@ from ..core.cost import RoundCost
 from ..core.expand import Frontier, new_pool
 from ..core.policies import TreePolicy
 from ..core.tree import DraftTree, ancestor_mask
-from ..core.verify import VerifyResult, greedy_verify, process_logits, sample_tokens, sample_verify
+from ..core.verify import VerifyResult, greedy_verify, sample_verify
 from ..kernels.beam_level import beam_ops
-from .cost_samples import CostSamples
+from . import rounds
+from .cost_samples import CostSamples, TimedForwards
 from .kv import SeqState
 from .lm import EngineModel, GenRequest
 from .profile import measure_cost_samples
@@ -56,7 +57,7 @@ from .rounds import LevelClock, PolicyClock, SpecBatch, emit_tokens, rows_of
 __all__ = ["SamplingParams", "GenOutput", "RoundLog", "SpecEngine"]
 
 
-class SpecEngine:
+class SpecEngine(TimedForwards):
     """Speculative decoding with a separate draft model, or plain decoding.
 
     Args:
@@ -112,7 +113,7 @@ class SpecEngine:
         prefills = [self.target.prefill(r) for r in requests]
         tstate = SeqState.from_prefills(prefills)
         outputs = [GenOutput(r.request_id, [], "length") for r in requests]
-        roots = self._choose(torch.stack([p.last_logits for p in prefills])[:, None], params, gen)[:, 0]
+        roots = rounds.choose_tokens(torch.stack([p.last_logits for p in prefills])[:, None], params, gen)[:, 0]
         dstate = None
         if policy is not None and self.eagle:
             dstate = SeqState.from_prefills([self.draft.prefill(r, p.features) for r, p in zip(requests, prefills)])
@@ -172,14 +173,6 @@ class SpecEngine:
         verified tree's capacity: a pooled policy's pool holds more candidates than it verifies)."""
         return batch, policy.tree_capacity - 1, policy.frontier_capacity, policy.pad_forwards, policy.cfg.cost_refresh
 
-    def _timed_forward(self, model: EngineModel, kind: str, size: int, *args) -> torch.Tensor:
-        """``model.forward(*args)``, timed into the live cost samples when this decode keeps them."""
-        return self._timed(model.forward, kind, size, *args)
-
-    def _timed(self, forward, kind: str, size: int, *args):
-        live = self._live
-        return forward(*args) if live is None else live.timed(forward, kind, size, self._sync, *args)
-
     @property
     def draft_forward(self):
         """The draft forward the decode loop runs: a restricted head's ``forward_head`` (:attr:`draft_head`), else the
@@ -193,25 +186,6 @@ class SpecEngine:
         return out if self.draft_head else (out, None)
 
     # ------------------------------------------------------------------------------------------
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def _choose(self, logits: torch.Tensor, params: SamplingParams, gen) -> torch.Tensor:
-        """Token after each row of ``logits [B, Q, V]`` (greedy or sampled)."""
-        if params.temperature <= 0:
-            return logits.argmax(-1)
-        bsz = logits.shape[0]
-        top_k, top_p = self._filters(params, bsz)
-        probs = process_logits(logits, torch.full((bsz,), params.temperature, device=logits.device), top_k, top_p)
-        return sample_tokens(probs, gen)
-
-    def _filters(self, params: SamplingParams, bsz: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Per-request top-k / top-p tensors, or None where the filter is disabled (skips a vocab sort)."""
-        top_k = torch.full((bsz,), params.top_k, dtype=torch.int64, device=self.device) if params.top_k > 0 else None
-        top_p = torch.full((bsz,), params.top_p, device=self.device) if params.top_p < 1.0 else None
-        return top_k, top_p
-
     # ------------------------------------------------------------------------------------------
     def _decode_plain(self, tstate: SeqState, roots, ids, outputs, params, gen) -> None:
         while ids:
@@ -226,7 +200,7 @@ class SpecEngine:
             tstate.next_pos += 1
             for rid in ids:
                 outputs[rid].target_forwards += 1
-            nxt = self._choose(logits, params, gen)[:, 0]
+            nxt = rounds.choose_tokens(logits, params, gen)[:, 0]
             active = emit_tokens(outputs, ids, nxt[:, None], torch.ones_like(nxt), params)
             roots = nxt
             if not all(active):
@@ -261,7 +235,7 @@ class SpecEngine:
             tree, res, t0 = self._verify(tree, tstate, batch, params, gen, pad)
             self._commit(tstate, dstate, batch, tree, res, slot_of, t0)
             batch.pstate = policy.observe(batch.pstate, plan, tree, res.accepted_nodes, res.num_accepted, pool)
-            self._log_round(outputs, batch.ids, plan, tree, res, forwards)
+            rounds.log_round(outputs, batch.ids, plan, tree, res, forwards)
             if self._live is not None and self._live.end_round():
                 self.round_costs[key] = self._live.cost()
             active = emit_tokens(outputs, batch.ids, res.emitted, res.num_accepted + 1, params)
@@ -344,7 +318,7 @@ class SpecEngine:
                 width = min(cost.draft_width(width), frontier.idx.shape[1])
             frontier = Frontier(frontier.idx[:, :width])  # drop all-padding columns
             fidx, fvalid = frontier.idx, frontier.valid
-            extra = self._ancestor_slots(pool, slot_of, fidx, level, dstate.num_slots)
+            extra = rounds.ancestor_slots(pool, slot_of, fidx, level, dstate.num_slots)
             s1 = dstate.num_slots
             eye = torch.eye(width, dtype=torch.bool, device=dev).expand(bsz, width, width)
             args = (
@@ -392,7 +366,7 @@ class SpecEngine:
         trimmed = tree.narrow(n)
         if params.temperature <= 0:
             return trimmed, greedy_verify(trimmed, logits), t0
-        top_k, top_p = self._filters(params, len(batch.ids))
+        top_k, top_p = rounds.sampling_filters(params, len(batch.ids), self.device)
         return trimmed, sample_verify(trimmed, logits, batch.temperature, top_k, top_p, gen), t0
 
     def _commit(self, tstate, dstate, batch: SpecBatch, tree: DraftTree, res: VerifyResult, slot_of, t0: int) -> None:
@@ -419,31 +393,3 @@ class SpecEngine:
         batch.pend_len = res.num_accepted - n_fed + 1
         keep = torch.arange(d1, device=dev)[None] < batch.pend_len[:, None]
         batch.pending = torch.where(keep, emitted.gather(1, src), -1)
-
-    @staticmethod
-    def _ancestor_slots(pool, slot_of: torch.Tensor, fidx: torch.Tensor, level: int, num_slots: int) -> torch.Tensor:
-        """``[B, F, S]`` bool: draft KV slots of each frontier node's strict ancestors (root included)."""
-        bsz, width = fidx.shape
-        extra = torch.zeros(bsz, width, num_slots + 1, dtype=torch.bool, device=fidx.device)
-        node = pool.parents.gather(1, fidx.clamp(min=0))
-        for _ in range(level):
-            slot = torch.where(node >= 0, slot_of.gather(1, node.clamp(min=0)), num_slots)
-            slot = torch.where(slot >= 0, slot, num_slots)
-            extra.scatter_(2, slot[..., None], True)
-            node = torch.where(node >= 0, pool.parents.gather(1, node.clamp(min=0)), -1)
-        return extra[..., :num_slots]
-
-    @staticmethod
-    def _log_round(outputs, ids, plan, tree, res: VerifyResult, forwards: int) -> None:
-        cols = [
-            res.num_accepted.tolist(),
-            (tree.num_nodes - 1).tolist(),
-            tree.depths.max(1).values.tolist(),
-            plan.alpha.tolist(),
-            plan.root_alpha.tolist(),
-            plan.depth.tolist(),
-            plan.width.tolist(),
-        ]
-        for rid, (tau, nodes, dep, a, ra, pd, pw) in zip(ids, zip(*cols)):
-            outputs[rid].rounds.append(RoundLog(tau, nodes, dep, a, ra, pd, pw, forwards))
-            outputs[rid].target_forwards += 1

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from .common import atomic_save, progress_bar, use_amp
-from .labels import LabelStore
+from .label_store import LabelStore
 from .model import CompactDraft, llama_config, pca_embeddings, select_head_vocab
 
 logger = logging.getLogger(__name__)

@@ -308,7 +308,7 @@ def test_layers_share_a_layout_but_never_a_stale_one():
                 q, k_ext, v_ext, out, k_cache, v_cache, rtt, rpi, seq, torch.full((2,), n), start, 0.3,
                 custom_mask=mask_obj,
             )  # fmt: skip
-            layouts.append(cpu_ops.attention_ops._LAST[1])
+            layouts.append(cpu_ops.extend_layout._LAST[1])
             for b, p in enumerate(lens):
                 visible = torch.cat([torch.ones(n, p, dtype=torch.bool), masks[b]], 1)
                 ref = ref_attention(q[b * n : (b + 1) * n], logical_k[b], logical_v[b], visible, 0.3)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..common import atomic_save, progress_bar
-from ..labels import load_shard
+from ..label_store import load_shard
 
 logger = logging.getLogger(__name__)
 
