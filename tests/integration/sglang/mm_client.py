@@ -14,6 +14,7 @@ returns the JSON reply; ``answer(reply)`` is ``(text, completion_tokens)``, what
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.error
@@ -75,10 +76,12 @@ def post_status(server: Any, payload: dict, path: str = "/v1/chat/completions") 
 
 def kv_returns(server: Any, kv_start: int, timeout: float = 60) -> dict:
     """Flush the radix cache and wait until the SAGE server's free KV tokens are back at ``kv_start``; returns the
-    SAGE part of ``/server_info`` last read (the caller asserts on it)."""
-    server.post("/flush_cache", {})
+    SAGE part of ``/server_info`` last read (the caller asserts on it).  SGLang refuses a flush (400) while a finished
+    request is still being released, so the flush is retried until the pool is back or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     while True:
+        with contextlib.suppress(urllib.error.HTTPError):
+            server.post("/flush_cache", {})
         info = server.get("/server_info")["internal_states"][0]["sage"]
         if info["kv_available_tokens"] == kv_start or time.monotonic() > deadline:
             return info

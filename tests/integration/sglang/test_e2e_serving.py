@@ -9,10 +9,8 @@ every request parameter: ``test_conformance.py``.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-import urllib.error
 
 import pytest
 
@@ -21,6 +19,7 @@ pytest.importorskip("sglang")
 from sage_plugin.bench.serving import Server, parallel, plain_flags  # noqa: E402
 
 from .conftest import CPU_CONFIG, draft_dir, launch_servers  # noqa: E402
+from .mm_client import kv_returns  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -98,13 +97,7 @@ def test_abort_request_and_sage_metrics(servers, kv_start):
 
 def test_kv_pool_returns_to_its_starting_free_size(servers, kv_start):
     _, sage = servers
-    sage.post("/flush_cache", {})
-    deadline = time.monotonic() + 60
-    while True:
-        info = sage.get("/server_info")["internal_states"][0]["sage"]
-        if info["kv_available_tokens"] == kv_start or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    info = kv_returns(sage, kv_start)
     assert info["kv_available_tokens"] == kv_start, (info, kv_start)
 
 
@@ -165,14 +158,8 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
         ref = parallel(lambda p: plain.generate(p, 32), prompts)
         got = parallel(lambda p: server.generate(p, 32), prompts)
         seq = [server.generate(p, 32) for p in prompts[:3]]  # batch 1 too: tiers are measured per batch size
-        deadline = time.monotonic() + 60
-        while True:  # SGLang refuses a flush (400) while a finished request is still being released
-            with contextlib.suppress(urllib.error.HTTPError):
-                server.post("/flush_cache", {})
-            info = server.get("/server_info")
-            if info["internal_states"][0]["sage"]["kv_available_tokens"] == kv0 or time.monotonic() > deadline:
-                break
-            time.sleep(1)
+        kv_returns(server, kv0)
+        info = server.get("/server_info")
     finally:
         server.stop()
     for r, g in zip(ref + ref[:3], got + seq):
