@@ -1,4 +1,4 @@
-"""The ragged verify's tree surgery (``sage_plugin/runtimes/sglang/ragged.py``) against naive oracles on random trees
+"""The ragged verify's tree surgery (``sage_plugin/runtimes/sglang/ragged_verify.py``) against naive oracles on random trees
 in SGLang's pointer format, and its forward wrapper on a recording stand-in target."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sage_plugin.runtimes.sglang.ragged import RaggedVerifyTarget, compact_mask, live_rows, ragged_runs, unlink
+from sage_plugin.runtimes.sglang.ragged_verify import RaggedVerifyTarget, compact_mask, live_rows, ragged_runs, unlink
 
 
 def _pointers(parents: list[int]) -> tuple[list[int], list[int]]:

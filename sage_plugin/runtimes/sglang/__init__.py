@@ -21,8 +21,8 @@ Modules (``docs/design/sglang-internals.md`` describes how they fit together):
 * :mod:`.worker`: the SAGE workers on SGLang's EAGLE v2 workers; :mod:`.selection` the plan and the node choice
   inside the captured draft step; :mod:`.tiers` the serving tiers on SGLang's adaptive runtime states;
   :mod:`.tpsync` the tree broadcast from rank 0;
-* :mod:`.meta`: ``meta_info["sage"]`` per request;
-* :mod:`.draft_weights`, :mod:`.lean_draft`, :mod:`.offstep`, :mod:`.lag`, :mod:`.ragged`: the CPU paths (the
+* :mod:`.request_meta`: ``meta_info["sage"]`` per request;
+* :mod:`.draft_weights`, :mod:`.lean_draft`, :mod:`.off_decode`, :mod:`.off_lag`, :mod:`.ragged_verify`: the CPU paths (the
   draft's head rows and bfloat16 weights, its lean decoder, the off tier's DECODE forward and skipped extends, the
   ragged verify);
 * :mod:`.cpu_ops`, :mod:`.cpu_env`: pure-torch ``sgl_kernel`` CPU ops SGLang's CPU speculative path needs, and the

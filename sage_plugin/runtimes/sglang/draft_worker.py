@@ -26,9 +26,9 @@ from sage_plugin.serving.tiers import parse_tiers
 
 from .draft_weights import DraftHeadRows, rank_head_ids, store_draft_linears
 from .hooks import ACTIVE_SELECTION
-from .lag import DraftLag
 from .lean_draft import install_lean_draft
-from .ragged import ragged_runs
+from .off_lag import DraftLag
+from .ragged_verify import ragged_runs
 from .selection import STAT_FIELDS, BeamSelection, DraftCounters, planned_draft
 from .tpsync import sync_due, sync_verify_input
 
@@ -84,7 +84,7 @@ class SageDraftMixin(EagleDraftWorkerBase):
         if n:
             logger.info("SAGE: %d draft linear layers stored in bfloat16 (cpu_draft_dtype)", n)
 
-    #: whether the off tier may skip this draft's extend (lag.py: a standalone draft reads no target hidden states)
+    #: whether the off tier may skip this draft's extend (off_lag.py: a standalone draft reads no target hidden states)
     sage_lags_ok = False
 
     def draft(self, batch: Any, *, with_topology: bool = False):
@@ -148,11 +148,11 @@ class SageDraftMixin(EagleDraftWorkerBase):
         return super()._draft_extend_for_prefill(batch, *args, **kwargs)
 
     def sage_upstream_prefill_extend(self, batch: Any, hidden: Any, next_token_ids: torch.Tensor):
-        """SGLang's draft prefill extend itself (the catch-up of lag.py runs through it)."""
+        """SGLang's draft prefill extend itself (the catch-up of off_lag.py runs through it)."""
         return super()._draft_extend_for_prefill(batch, hidden, next_token_ids)
 
     def _draft_extend_for_decode(self, batch: Any, batch_result: Any, *args: Any, **kwargs: Any):
-        """After a verify: the step's tokens into the token ring; at the off tier the extend is skipped (``lag.py``)
+        """After a verify: the step's tokens into the token ring; at the off tier the extend is skipped (``off_lag.py``)
         until a request is ``tier_off_lag`` tokens behind, when the catch-up runs in its place."""
         lag = self.sage_lag
         if lag is None or batch.forward_mode.is_idle():

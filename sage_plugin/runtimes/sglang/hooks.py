@@ -23,12 +23,12 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
 
 * :func:`add_speculative_state` (AROUND ``SchedulerInternalStateController._add_speculative``): adds to each
   scheduler's state in ``GET /server_info`` (``internal_states``) SGLang's accept counts so far (``spec_totals``, any
-  algorithm: :func:`.meta.spec_totals`) and a ``"sage"`` section: the SAGE worker's counters (mean alpha / D / W /
+  algorithm: :func:`.request_meta.spec_totals`) and a ``"sage"`` section: the SAGE worker's counters (mean alpha / D / W /
   shaped nodes / accept length, lagged one step) and the KV pool's free and evictable token counts.
 
 * :func:`output_streamer_class` (AROUND ``Scheduler.get_output_streamer_class``, the subclass point SGLang documents
   for auxiliary response fields): under a SAGE algorithm, the streamer treats ``"sage"`` as a request-level
-  ``customized_info`` key, so a request's SAGE summary (:mod:`.meta`) reaches ``meta_info`` once, at its end.
+  ``customized_info`` key, so a request's SAGE summary (:mod:`.request_meta`) reaches ``meta_info`` once, at its end.
 
 * :func:`verify_uses_greedy` (AROUND ``sglang.srt.speculative.eagle_utils._verify_uses_greedy``): SGLang 0.5.23
   verifies every CPU request greedily, even at ``temperature > 0`` (it has no CPU sampling-verify kernel), so
@@ -57,7 +57,7 @@ so the plugin wraps the two functions of its parse path.  Each hook has an entry
   tensors, so speculative serving on CPU can keep SGLang's overlap scheduler.
 
 * :func:`amx_extend_metadata` (AROUND ``IntelAMXAttnBackend._build_extend_metadata``): a ragged verify's target
-  forward (``ragged.py``, ``ragged_verify``) runs its live rows with per-request extend lengths and the live blocks of
+  forward (``ragged_verify.py``, ``ragged_verify``) runs its live rows with per-request extend lengths and the live blocks of
   the tree mask, which it carries on the forward batch; upstream's uniform TARGET_VERIFY lengths otherwise.
 
 * :func:`.penalties.eagle_sample` (AROUND ``eagle_utils.eagle_sample``), :func:`.penalties.copy_for_forward` (AROUND
@@ -79,8 +79,8 @@ from typing import Any, Callable
 from .args import STASH_ATTR, SageCliArgs, add_sage_arguments
 from .cpu_ops.sampling_ops import cpu_sampling_kernels_in_place
 from .llava_compat import LLAVA_HOOKS
-from .meta import spec_totals
 from .penalties import copy_for_forward, cumulate_penalty_output_tokens, eagle_sample, is_sage
+from .request_meta import spec_totals
 
 __all__ = [
     "ACTIVE_SELECTION",
@@ -166,7 +166,7 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
     """AROUND ``_add_speculative(self, state)``: SGLang's speculative fields, then ``state["sage"]``."""
     original(self, state)
     scheduler = self.scheduler
-    state.update(spec_totals(scheduler))  # every speculative algorithm (meta.py)
+    state.update(spec_totals(scheduler))  # every speculative algorithm (request_meta.py)
     draft = _sage_draft_worker(scheduler)
     if draft is None:
         return
@@ -178,8 +178,8 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
     if tiers is not None:  # --sage-tiers: per tier its steps run, expected tokens and measured cost
         section["tiers"] = tiers.chooser.summary()
         section["tier_switches"] = tiers.switches
-        section["off_decode_steps"] = worker.sage_off_decode_steps  # --sage-tier-off-decode (offstep.py)
-        steps, rows, drafted = worker.sage_ragged_rows  # --sage-ragged-verify (ragged.py)
+        section["off_decode_steps"] = worker.sage_off_decode_steps  # --sage-tier-off-decode (off_decode.py)
+        steps, rows, drafted = worker.sage_ragged_rows  # --sage-ragged-verify (ragged_verify.py)
         section["ragged_verify"] = {"steps": steps, "rows": rows, "rows_drafted": drafted}
     from .lean_draft import lean_forwards
 
@@ -190,7 +190,7 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
     if getattr(draft, "sage_tp", None) is not None:  # --tp-size > 1: steps whose tree came from rank 0 (tp_sync)
         section["tp_tree_syncs"] = draft.sage_tp_syncs
     lag = getattr(draft, "sage_lag", None)
-    if lag is not None:  # --sage-tier-off-lag: off steps that skipped the draft extend, and the catch-ups (lag.py)
+    if lag is not None:  # --sage-tier-off-lag: off steps that skipped the draft extend, and the catch-ups (off_lag.py)
         section["off_lag"] = {"skipped_extends": lag.skipped, "catch_ups": lag.catch_ups}
     state["sage"] = section
 
@@ -200,7 +200,7 @@ def output_streamer_class(original: Callable[..., Any], self: Any) -> type:
     cls = original(self)
     if not is_sage(self.spec_algorithm):
         return cls
-    from .meta import sage_streamer_class
+    from .request_meta import sage_streamer_class
 
     return sage_streamer_class(cls)
 
@@ -307,7 +307,7 @@ def gather_spec_extras(
 
 def amx_extend_metadata(original: Callable[..., Any], self: Any, forward_batch: Any) -> Any:
     """AROUND ``IntelAMXAttnBackend._build_extend_metadata(self, forward_batch)``: a ragged verify's TARGET_VERIFY batch
-    (``ragged.py``) carries its own ``(seq_lens, extend_seq_lens, extend_start_loc, tree_mask)`` as its verify
+    (``ragged_verify.py``) carries its own ``(seq_lens, extend_seq_lens, extend_start_loc, tree_mask)`` as its verify
     input's ``sage_ragged``;
     upstream derives uniform lengths from ``spec_info.draft_token_num`` for every TARGET_VERIFY batch, and its eager
     runner re-plans target verify batches every time, so the lengths are handed over here.  Every other batch:

@@ -20,7 +20,7 @@ from sage_plugin.config import SageConfig
 from sage_plugin.core.budgeted import eagle_beam_candidates, select_shaped
 from sage_plugin.serving.slots import RoundShape, SlotState
 
-from .meta import ROUND_FIELDS
+from .request_meta import ROUND_FIELDS
 
 __all__ = ["STAT_FIELDS", "BeamSelection", "DraftCounters", "planned_draft"]
 
@@ -35,7 +35,7 @@ class BeamSelection:
 
     ``depth``/``width``/``first`` are persistent ``[max_bs]`` buffers written by :func:`planned_draft`; a call reads
     the first ``bs`` rows (the batch's, in row order) and writes the rows' SAGE-shaped node counts into ``shaped``
-    and, with ``max_nodes`` > 0 (a ragged verify can run, ``ragged.py``), the beam's path scores of the nodes it chose,
+    and, with ``max_nodes`` > 0 (a ragged verify can run, ``ragged_verify.py``), the beam's path scores of the nodes it chose,
     in their verify order, into ``node_scores [max_bs, max_nodes]`` (what the ragged verify drops nodes by; None and
     not written otherwise).
     """

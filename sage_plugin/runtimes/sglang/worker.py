@@ -43,9 +43,9 @@ from sage_plugin.serving.clock import HostScalar, StepClock
 
 from .args import sage_config_of
 from .draft_worker import SageDraftMixin, SageDraftWorker, SageEagleDraftWorker, tp_sync_due, tp_sync_group
-from .meta import SageRoundDevice
 from .penalties import ACTIVE_VERIFY, prefilled, verify_context
-from .ragged import ragged_runs, verify_target
+from .ragged_verify import ragged_runs, verify_target
+from .request_meta import SageRoundDevice
 from .selection import BeamSelection
 from .tiers import RankZeroTimes, SageTierController, TierSwitchLogFilter, request_gate, request_keys, tier_chooser
 
@@ -109,7 +109,7 @@ class SageWorkerMixin:
         super().apply_runtime_state(state)
 
     def verify(self, batch: Any, pp_proxy_tensors: Any = None, grammar_barrier: Any = None):
-        """Upstream's verify, its one target forward through :func:`.ragged.verify_target` (in DECODE mode at the off
+        """Upstream's verify, its one target forward through :func:`.ragged_verify.verify_target` (in DECODE mode at the off
         tier on CPU, ``tier_off_decode``; on the nodes that pay only under ``ragged_verify``)."""
         target, token = self._target_worker, None
         if not batch.forward_mode.is_idle():
@@ -162,7 +162,7 @@ class SageWorkerMixin:
                     round_info = SageRoundDevice(out.accept_lens.new_empty(slots.shape[0], 0), drafted=False)
                 logits = getattr(out, "logits_output", None)
                 if logits is not None:
-                    # per-request alpha/D/W for meta_info["sage"], copied with the step's tokens (meta.py)
+                    # per-request alpha/D/W for meta_info["sage"], copied with the step's tokens (request_meta.py)
                     logits.auxiliary_device_output = append_auxiliary_output(logits.auxiliary_device_output, round_info)
         return out
 
@@ -170,7 +170,7 @@ class SageWorkerMixin:
         """The batch's mean SAGE alpha from the draft's top probabilities at each request's root (the last draft
         extend's ``topk_p``), as last read on the host (:class:`HostScalar`: at once on CPU, a step or more late on
         CUDA); the tier chooser's confidence.  None while the draft is behind (off steps skipped its extends,
-        ``lag.py``): the last alpha is the one that turned speculation off, and holding it would keep it off; unknown,
+        ``off_lag.py``): the last alpha is the one that turned speculation off, and holding it would keep it off; unknown,
         the chooser ranks the tiers by their estimates over every alpha."""
         topk_p = getattr(batch.spec_info, "topk_p", None)
         lag = getattr(self._draft_worker, "sage_lag", None)

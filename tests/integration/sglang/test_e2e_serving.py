@@ -46,7 +46,9 @@ def test_greedy_outputs_equal_plain_serving_on_20_prompts(servers, kv_start):
     assert all(same), [(i, r["text"], g["text"]) for i, (r, g, s) in enumerate(zip(ref, got, same)) if not s]
     accept = [g["meta_info"]["spec_accept_length"] for g in got]
     assert sum(accept) / len(accept) > 1.0, accept
-    for g in got:  # per-request SAGE summary (meta.py): one entry, a drafted round or an off step per verify step
+    for (
+        g
+    ) in got:  # per-request SAGE summary (request_meta.py): one entry, a drafted round or an off step per verify step
         meta = g["meta_info"]
         [summary] = meta["sage"]
         assert summary["rounds"] + summary["off_steps"] == meta["spec_verify_ct"], meta
@@ -103,7 +105,7 @@ def test_kv_pool_returns_to_its_starting_free_size(servers, kv_start):
 
 def test_logprobs_match_plain(servers):
     """``return_logprob`` through SAGE's steps (whichever tiers the chooser runs: drafted ones, the off tier's DECODE
-    forward of offstep.py): the same tokens with the log-probabilities plain serving reports for them, and the same
+    forward of off_decode.py): the same tokens with the log-probabilities plain serving reports for them, and the same
     top alternatives."""
     plain, sage = servers
     prompts = _prompts(4)
@@ -178,9 +180,9 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
     # current estimate follows the last steps, a few batch-1 steps of one prompt)
     assert report["6:11"]["mean_tokens"] > 1.5, report
     assert sage["tier_switches"] > 0
-    # the off tier skipped its draft extends and the draft caught up before drafting again (lag.py)
+    # the off tier skipped its draft extends and the draft caught up before drafting again (off_lag.py)
     assert sage["off_lag"]["skipped_extends"] > 0 and sage["off_lag"]["catch_ups"] > 0, sage
-    # every off step's verify forward ran as a DECODE forward (tier_off_decode, offstep.py)
+    # every off step's verify forward ran as a DECODE forward (tier_off_decode, off_decode.py)
     assert sage["off_decode_steps"] == report["0:1"]["steps"], sage
     # the standalone draft's forwards ran the lean decoder (cpu_lean_draft, lean_draft.py)
     assert sage["lean_draft_forwards"] > 0, sage
@@ -188,7 +190,7 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
     from sage_plugin.kernels.llama_decoder import decoder_kernel
 
     assert (sage["lean_draft_kernel_forwards"] > 0) == (decoder_kernel() is not None), sage
-    # drafted steps verified ragged, some rows dropped (ragged.py)
+    # drafted steps verified ragged, some rows dropped (ragged_verify.py)
     ragged = sage["ragged_verify"]
     assert ragged["steps"] > 0 and 0 < ragged["rows"] < ragged["rows_drafted"], sage
     assert sage["kv_available_tokens"] == kv0, (sage, kv0)

@@ -130,8 +130,8 @@ def test_a_multimodal_draft_is_refused_before_the_server_starts(launch_env, tmp_
 
 def test_qwen2_5_vl_image_and_video_prompts_equal_plain(launch_env, target_dir, tmp_path):
     """Qwen2.5-VL with tiers (a probe every 2 steps cycles them): drafted steps and speculation-off steps, whose
-    forward runs as a DECODE forward (offstep.py) with the M-RoPE positions of the verify it replaces; drafted steps
-    verify ragged (``--sage-ragged-verify``, off in the VLM configs: the live rows' M-RoPE positions, ragged.py).
+    forward runs as a DECODE forward (off_decode.py) with the M-RoPE positions of the verify it replaces; drafted steps
+    verify ragged (``--sage-ragged-verify``, off in the VLM configs: the live rows' M-RoPE positions, ragged_verify.py).
     Image prompts and video prompts (bundled 2 s clips as base64 ``video_url`` parts: the draft reads one placeholder
     id per video position, as per image position)."""
     tiers = ("--sage-tiers", "[[0, 1], [1, 2], [3, 4]]", "--sage-tier-probe-every", "2", "--sage-ragged-verify", "true")

@@ -96,7 +96,7 @@ USED_SYMBOLS = [
     "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.from_string",
     "sglang.srt.speculative.spec_registry.CustomSpecAlgo",
     "sglang.srt.managers.overlap_utils.FutureMap",
-    "sglang.srt.speculative.eagle_info.EagleVerifyInput.tree_topk",  # ragged.py: a chain's verify has no tree mask
+    "sglang.srt.speculative.eagle_info.EagleVerifyInput.tree_topk",  # ragged_verify.py: a chain's verify has no tree mask
     "sglang.srt.utils.common.is_cpu",
     "sglang.srt.layers.quantization.unquant.UnquantizedEmbeddingMethod",  # compute_lm_head's plain-head test
     # cpu_draft_dtype (draft_weights.py) tells layers apart by these class names
@@ -110,7 +110,7 @@ USED_SYMBOLS = [
     "sglang.srt.speculative.standalone_worker_v2.StandaloneDraftWorker.init_cuda_graphs",
     "sglang.srt.speculative.eagle_worker_v2.organize_draft_results",
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
-    # the off tier's verify forward in DECODE mode (offstep.py; the call's shape: tests/integration/sglang/test_offstep.py)
+    # the off tier's verify forward in DECODE mode (off_decode.py; the call's shape: tests/integration/sglang/test_off_decode.py)
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.verify",
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2._build_trivial_verify_input",
     "sglang.srt.speculative.eagle_worker_common.run_eagle_verify",
@@ -123,7 +123,7 @@ USED_SYMBOLS = [
     "sglang.srt.models.llama.LlamaModel.forward",
     "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding",
     "sglang.srt.layers.layernorm.RMSNorm",
-    # meta_info["sage"] (meta.py): the auxiliary-output contract and the request-level key of the streamer
+    # meta_info["sage"] (request_meta.py): the auxiliary-output contract and the request-level key of the streamer
     "sglang.srt.managers.auxiliary_output.append_auxiliary_output",
     "sglang.srt.managers.utils.GenerationBatchResult.copy_auxiliary_output_to_cpu",
     "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer.is_request_level_customized_info_key",

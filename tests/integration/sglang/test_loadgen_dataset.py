@@ -18,7 +18,7 @@ pytest.importorskip("sglang")
 
 from sage_plugin.bench.loadgen import write_custom_prompts  # noqa: E402
 from sage_plugin.data.prompts import ood_prompts  # noqa: E402
-from sage_plugin.runtimes.sglang.meta import spec_totals  # noqa: E402
+from sage_plugin.runtimes.sglang.request_meta import spec_totals  # noqa: E402
 
 
 def test_sglangs_custom_dataset_reads_the_prompts_with_the_chat_template(tmp_path, target_dir):

@@ -1,4 +1,4 @@
-"""The off tier's verify forward as a DECODE forward (``offstep.py``, ``tier_off_decode``).
+"""The off tier's verify forward as a DECODE forward (``off_decode.py``, ``tier_off_decode``).
 
 What the served check cannot see: which batches are turned (one token per request in TARGET_VERIFY mode, nothing
 else), that the decode batch counts the root in its lengths, and that upstream's verify still hands its forward to
@@ -21,7 +21,7 @@ from sglang.srt.speculative import eagle_worker_common, eagle_worker_v2  # noqa:
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker  # noqa: E402
 
 from sage_plugin.config import ConfigError, SageConfig  # noqa: E402
-from sage_plugin.runtimes.sglang.offstep import DecodeVerifyTarget, as_decode  # noqa: E402
+from sage_plugin.runtimes.sglang.off_decode import DecodeVerifyTarget, as_decode  # noqa: E402
 
 
 def _verify_batch(seq_lens: list[int], draft_tokens: int = 1, mode: ForwardMode = ForwardMode.TARGET_VERIFY):

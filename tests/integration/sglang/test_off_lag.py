@@ -1,4 +1,4 @@
-"""The off tier's skipped draft extends and their catch-up (``runtimes/sglang/lag.py``), without a server.
+"""The off tier's skipped draft extends and their catch-up (``runtimes/sglang/off_lag.py``), without a server.
 
 A naive token history per request stands in for SGLang's sequences: random prefills, drafted steps (a window of
 verified tokens, the accepted ones first, junk after) and off steps (one token, extend skipped).  The catch-up must
@@ -21,7 +21,7 @@ pytest.importorskip("sglang")
 
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
-from sage_plugin.runtimes.sglang.lag import DraftLag, TokenRing  # noqa: E402
+from sage_plugin.runtimes.sglang.off_lag import DraftLag, TokenRing  # noqa: E402
 
 
 @settings(max_examples=60, deadline=None)

@@ -7,7 +7,7 @@ skips it: the off step leaves the draft ``lag`` tokens behind, and before the ne
 ``L`` tokens behind) one draft forward in EXTEND mode (a chunked-prefill continuation, through SGLang's own
 ``_draft_extend_for_prefill``) replays every request's missing tokens at their positions and KV slots.  Outputs do not
 change (verification decides them); the catch-up writes the same tokens at the same positions and KV slots as the
-skipped extends would have (``tests/integration/sglang/test_lag.py`` checks what it hands upstream against a naive
+skipped extends would have (``tests/integration/sglang/test_off_lag.py`` checks what it hands upstream against a naive
 token history; the served check is ``test_e2e_serving.py::test_tiers_cycle_and_equal_plain``).
 
 Which token the draft reads where: SGLang's draft runs one token ahead (its prefill reads ``prompt[1:] + [next]``;

@@ -182,10 +182,10 @@ def ragged_target(target: Any, batch: Any, tiers: Any, selection: Any, counts: l
 
 def verify_target(worker: Any, target: Any, batch: Any) -> Any:
     """The target worker a SAGE worker's verify of ``batch`` runs its forward on: at the off tier on CPU
-    (``tier_off_decode``) a :class:`~.offstep.DecodeVerifyTarget`; at a drafted tier under ``ragged_verify``
+    (``tier_off_decode``) a :class:`~.off_decode.DecodeVerifyTarget`; at a drafted tier under ``ragged_verify``
     :func:`ragged_target`'s choice; otherwise ``target`` itself."""
     if worker._sage_off_decode and worker.speculative_num_steps == 0:
-        from .offstep import DecodeVerifyTarget  # imports SGLang; the rest of this module does not
+        from .off_decode import DecodeVerifyTarget  # imports SGLang; the rest of this module does not
 
         worker.sage_off_decode_steps += 1
         return DecodeVerifyTarget(target)
