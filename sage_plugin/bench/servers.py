@@ -97,8 +97,6 @@ class Server(HttpServer):
         self.log = log
         self.argv = [sys.executable, "-m", "sglang.launch_server", *args, "--host", "127.0.0.1",
                      "--port", str(self.port)]  # fmt: skip
-        if "--nccl-port" not in args:  # SGLang's own pick races with servers launched beside this one (EADDRINUSE)
-            self.argv += ["--nccl-port", str(_free_port())]
         self._fh = open(log, "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(self.argv, env=env, cwd=cwd, stdout=self._fh, stderr=subprocess.STDOUT,
                                      start_new_session=True)  # fmt: skip
