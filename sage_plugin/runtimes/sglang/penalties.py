@@ -3,8 +3,9 @@
 SGLang's speculative verify (``eagle_utils.eagle_sample``) applies one penalty state per request to every node of its
 tree, and its decode preparation feeds the penalizers one token per step (``ScheduleBatch.cumulate_penalty_output_tokens``
 takes ``output_ids[-1]``), however many the step accepted; it applies no ``min_p`` and no custom logit processor in
-the tree, and takes top-p of the top-k-renormalised distribution where plain sampling filters both jointly.  Under SAGE this module makes each of them what plain decoding does (``docs/user-guide/serving-sglang.md``,
-"Request parameters"), with three AROUND hooks (``patches/INDEX.md``), each a pass-through outside SAGE:
+the tree, and takes top-p of the top-k-renormalised distribution where plain sampling filters both jointly.  Under
+SAGE this module makes each of them what plain decoding does (``docs/user-guide/serving-sglang.md``, "Request
+parameters"), with three AROUND hooks (``patches/INDEX.md``), each a pass-through outside SAGE:
 
 * :func:`cumulate_penalty_output_tokens`: the penalizers are fed every output token the request committed since they
   were last fed (:func:`advance_penalizers`), so after a step their state holds exactly the accepted tokens;
@@ -116,7 +117,8 @@ ACTIVE_VERIFY: ContextVar[VerifyContext | None] = ContextVar("sage_active_verify
 
 
 def is_sage(spec_algorithm: Any) -> bool:
-    """Whether ``spec_algorithm`` (SGLang's ``SpeculativeAlgorithm``) is one of SAGE's (SAGE, SAGE_EAGLE, SAGE_EAGLE3)."""
+    """Whether ``spec_algorithm`` (SGLang's ``SpeculativeAlgorithm``) is one of SAGE's: SAGE, SAGE_EAGLE,
+    SAGE_EAGLE3."""
     return str(getattr(spec_algorithm, "name", "")).startswith("SAGE")
 
 
@@ -231,7 +233,8 @@ def copy_for_forward(original: Callable[..., Any], self: Any) -> Any:
 
 def _min_p_kernel(kernel: Callable[..., Any], min_ps: torch.Tensor) -> Callable[..., Any]:
     """``kernel`` (SGLang's ``tree_speculative_sampling_target_only``) on target distributions filtered by min-p after
-    top-k / top-p, as SGLang's plain sampler filters them (:func:`~sage_plugin.core.filters.min_p_keep`), renormalised."""
+    top-k / top-p, as SGLang's plain sampler filters them (:func:`~sage_plugin.core.filters.min_p_keep`),
+    renormalised."""
 
     def sample(**kwargs: Any) -> Any:
         probs = kwargs["target_probs"]  # [B, N, V]
