@@ -3,7 +3,8 @@
 :class:`TierCosts` keeps what :class:`~.tiers.TierChooser` prices a step with besides its expected tokens: each
 tier's step seconds at each batch-size class (the low median of the last ``cost_window`` timings, the first
 ``unpriced_first`` steps of a tier being its warm-up), the per-step overhead outside the forward passes (a moving
-average), and a lower bound on a tier's cost at a batch size it has not run at yet.  Host-side floats only.
+average), the price of catching a lagging draft up (:meth:`TierCosts.catch_up`, the low median of its timings per
+size class), and a lower bound on a tier's cost at a batch size it has not run at yet.  Host-side floats only.
 
 Batch sizes that run as one captured shape share their costs (:meth:`TierCosts.set_size_classes`): a CUDA graph runner
 pads a batch to its next captured size, so a tier costs the same at every size up to it, and one measurement prices
@@ -66,6 +67,7 @@ class TierCosts:
         self._cost: dict[tuple[Tier, int], deque[float]] = {}
         self._unpriced = {t: unpriced_first for t in self.tiers}  # warm-up steps left per tier
         self._overhead: float | None = None
+        self._catch_up: dict[int, deque[float]] = {}  # size class -> catch-up timings (``record_catch_up``)
         self._classes: tuple[int, ...] = ()  # captured batch sizes, ascending (empty: every size its own class)
 
     def set_size_classes(self, sizes: Iterable[int] | None) -> None:
@@ -94,6 +96,24 @@ class TierCosts:
             return
         key = (tier, self.size_class(batch_size))
         self._cost.setdefault(key, deque(maxlen=self.cost_window)).append(seconds)
+
+    def record_catch_up(self, batch_size: int, seconds: float) -> None:
+        """A measured catch-up of a draft left behind by off steps that skipped its extend (SGLang's
+        ``tier_off_lag``), timed apart from the drafted step it preceded, at ``batch_size``'s size class."""
+        self._catch_up.setdefault(self.size_class(batch_size), deque(maxlen=self.cost_window)).append(seconds)
+
+    def catch_up(self, batch_size: int) -> float | None:
+        """Measured seconds of a catch-up at ``batch_size``'s size class (None until one ran there)."""
+        samples = self._catch_up.get(self.size_class(batch_size))
+        return None if not samples else statistics.median_low(samples)
+
+    def catch_up_classes(self) -> list[int]:
+        """The size classes where a catch-up was measured, ascending."""
+        return sorted(self._catch_up)
+
+    def overhead_seconds(self) -> float | None:
+        """The measured per-step overhead outside the forward passes (a moving average; None until measured)."""
+        return self._overhead
 
     def record_overhead(self, seconds: float) -> None:
         """A measured gap between two consecutive decode steps (the runtime's work outside the forwards)."""

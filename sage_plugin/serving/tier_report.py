@@ -18,7 +18,8 @@ def tier_summary(chooser: Any) -> dict[str, dict[str, float | None]]:
     ``tokens@aB``), ``mean_tokens`` (tokens per request averaged over every request the tier ever served, None before
     any; the off tier: 1.0), the measured cost (ms) at each size class seen (the batch size itself without captured
     sizes) and the steps run there; then ``overhead``: the per-step overhead, the admission price per token of each
-    regime and the acceptance changes detected (when the chooser keeps them)."""
+    regime and the acceptance changes detected (when the chooser keeps them), and the measured catch-up of a lagging
+    draft at each size class (``catch_up_ms@B``, once one ran)."""
     out: dict[str, dict[str, float | None]] = {}
     levels = chooser.acceptance != "per_tier"
     for t in chooser.tiers:
@@ -34,7 +35,10 @@ def tier_summary(chooser: Any) -> dict[str, dict[str, float | None]]:
                 row[f"ms@{bs}"] = round(1000.0 * chooser.cost(tt, bs), 2)
         row.update({f"steps@{bs}": n for bs, n in steps_at.items()})
         out[f"{t.steps}:{t.draft_tokens}"] = row
-    out["overhead"] = {"ms": None if chooser._overhead is None else round(1000.0 * chooser._overhead, 2)}
+    overhead = chooser.overhead_seconds()
+    out["overhead"] = {"ms": None if overhead is None else round(1000.0 * overhead, 2)}
+    for bs in chooser.catch_up_classes():  # a lagging draft's catch-up price per size class (tier_off_lag)
+        out["overhead"][f"catch_up_ms@{bs}"] = round(1000.0 * chooser.catch_up(bs), 2)
     if chooser.admission is not None:
         out["overhead"].update(chooser.admission.summary())
     if chooser.levels.change_z:

@@ -47,6 +47,14 @@ tokens ``doubt`` standard errors low); ``admission`` adds what each regime pays 
 (:mod:`.admission`); :meth:`TierChooser.choose` takes how many of the batch's requests speculate (a per-request
 gate, :mod:`.request_gate`), and :meth:`TierChooser.request_break_even` is that gate's threshold.
 
+A lagging draft (SGLang's ``tier_off_lag``: off steps skip the draft's extend, and the next drafted step first
+catches the draft up in one forward, :meth:`record_catch_up` its price): :meth:`choose` takes whether the draft is
+``behind``, and a step that switches against the batch size's *regime* pays the catch-up in its price.  The regime
+is the tier that wins at the batch size with every tier's overall acceptance and no catch-up (the long-run choice);
+a switch with it starts a run that amortises the catch-up, a switch against it (an off step on a low-alpha dip while
+drafting pays, a probe) returns within a step or two and pays it whole.  Staying (off while behind, drafted while
+current) pays nothing.  ``behind`` None (no lag) prices no catch-up.
+
 The choice maximises ``expected tokens / cost``.  A tier never measured at a batch size is tried first there (the
 runtime's start-up measurement, amortised over the first steps at each batch size), cheapest first, and only while
 it could still win there: its cost at the nearest smaller measured batch size, grown as the smallest tier's cost
@@ -70,6 +78,8 @@ Worked example (two tiers, batch 1)::
     tiers (0, 1) and (3, 8); costs measured 60 ms and 100 ms; mean accepted drafts under (3, 8): 1.2
     expected tokens / s: (0, 1) 1 / 0.060 = 16.7;  (3, 8) 2.2 / 0.100 = 22.0  -> (3, 8)
     if acceptance drops to 0.5 accepted drafts: 1.5 / 0.100 = 15.0 < 16.7    -> (0, 1)
+    with a lagging draft, a catch-up measured at 20 ms and the regime (3, 8): a dip to 0.5 accepted drafts
+    prices the off step that would leave the draft behind at 60 + 20 ms: 1 / 0.080 = 12.5 < 15.0  -> (3, 8)
 """
 
 from __future__ import annotations
@@ -79,6 +89,7 @@ from typing import Sequence
 
 from ..core.calibration import calibration_bin
 from .admission import AdmissionPrice
+from .break_even import BreakEven
 from .tier_costs import Tier, TierCosts, parse_tiers
 from .tier_levels import LevelModel
 from .tier_report import tier_summary
@@ -94,7 +105,7 @@ TIER_CONTROLS = {
 }
 
 
-class TierChooser(TierCosts):
+class TierChooser(BreakEven, TierCosts):
     """Host-side choice of the tier that maximises expected tokens per second (see the module docstring).
 
     Args:
@@ -194,12 +205,38 @@ class TierChooser(TierCosts):
         return tier.draft_tokens if self.acceptance == "width" else None
 
     def rate(
-        self, tier: Tier, batch_size: int, alpha: float | None = None, speculating: int | None = None, z: float = 0.0
+        self,
+        tier: Tier,
+        batch_size: int,
+        alpha: float | None = None,
+        speculating: int | None = None,
+        z: float = 0.0,
+        behind: bool | None = None,
     ) -> float | None:
         """Expected tokens per second of the whole batch (None while either estimate is missing), ``speculating`` of
-        its requests drafting (None: all; the others one token each), the tokens ``z`` standard errors off."""
+        its requests drafting (None: all; the others one token each), the tokens ``z`` standard errors off, the step
+        charged :meth:`switch_cost` for a draft ``behind`` or not (None: no lag)."""
         tokens = self.expected_tokens(tier, alpha, z, batch_size)
-        return self._per_second(batch_size, tokens, self.cost(tier, batch_size), tier, speculating)
+        cost = self.cost(tier, batch_size)
+        if cost is not None and behind is not None:
+            cost += self.switch_cost(tier, batch_size, speculating, behind)
+        return self._per_second(batch_size, tokens, cost, tier, speculating)
+
+    def switch_cost(self, tier: Tier, batch_size: int, speculating: int | None = None, behind: bool = False) -> float:
+        """Catch-up seconds a step of ``tier`` at ``batch_size`` is charged when the draft is ``behind`` (True) or
+        current (False): the measured catch-up if the step switches against the regime (:meth:`regime`), else 0
+        (module docstring, "A lagging draft").  Examples with the regime drafted: an off step with the draft
+        current pays it; a drafted step with the draft behind does not (the switch back starts a drafted run)."""
+        price = self.catch_up(batch_size)
+        if not price or tier.off == behind:  # off while behind, drafted while current: no switch
+            return 0.0
+        regime = self.regime(batch_size, speculating)
+        return price if regime is not None and regime.off != tier.off else 0.0
+
+    def regime(self, batch_size: int, speculating: int | None = None) -> Tier | None:
+        """The long-run tier at ``batch_size``: the best with every tier's overall acceptance (no alpha) and no
+        catch-up charged (None while nothing is rated there)."""
+        return self.best(batch_size, None, speculating)
 
     def optimistic_rate(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float | None:
         """The rate ``tier`` could still have at ``batch_size``: its fastest measured step there (noise only slows a
@@ -214,7 +251,7 @@ class TierChooser(TierCosts):
         """The batch's tokens (``speculating`` requests at ``tokens`` each, the rest at 1; None: all at ``tokens``) over a
         step of ``cost`` plus the per-step overhead plus the regime's admission time for those tokens (None if
         unknown or not > 0)."""
-        step = None if cost is None else cost + (self._overhead or 0.0)
+        step = None if cost is None else cost + (self.overhead_seconds() or 0.0)
         if tokens is None or step is None or step <= 0.0:
             return None
         n = batch_size if speculating is None or tier.off else min(speculating, batch_size)
@@ -223,14 +260,20 @@ class TierChooser(TierCosts):
         return total / (step + total * admission)
 
     def best(
-        self, batch_size: int, alpha: float | None = None, speculating: int | None = None, drafted: bool = False
+        self,
+        batch_size: int,
+        alpha: float | None = None,
+        speculating: int | None = None,
+        drafted: bool = False,
+        behind: bool | None = None,
     ) -> Tier | None:
         """The tier with the highest known rate at ``batch_size`` and mean alpha ``alpha`` (ties: fewer steps), a
-        drafted tier's tokens ``doubt`` standard errors low; None if none is known.  ``drafted``: drafted tiers only."""
+        drafted tier's tokens ``doubt`` standard errors low, the catch-up charged as :meth:`rate` does for ``behind``;
+        None if none is known.  ``drafted``: drafted tiers only."""
         candidates = [t for t in self.tiers if not (drafted and t.off)]
         rated = [
             (r, t) for t in candidates
-            if (r := self.rate(t, batch_size, alpha, speculating, 0.0 if t.off else -self.doubt)) is not None
+            if (r := self.rate(t, batch_size, alpha, speculating, 0.0 if t.off else -self.doubt, behind)) is not None
         ]  # fmt: skip
         if not rated:
             return None
@@ -238,17 +281,20 @@ class TierChooser(TierCosts):
         return min(t for r, t in rated if r == top)
 
     # -- the per-step protocol ----------------------------------------------------------------------------
-    def choose(self, batch_size: int, alpha: float | None = None, speculating: int | None = None) -> Tier:
+    def choose(
+        self, batch_size: int, alpha: float | None = None, speculating: int | None = None, behind: bool | None = None
+    ) -> Tier:
         """The tier of the step about to start, for a batch of mean alpha ``alpha`` (None: unknown) of which
-        ``speculating`` requests would draft (None: all; 0: the off tier, unmeasured tiers and probes wait); recorded
-        as pending until :meth:`observe`."""
+        ``speculating`` requests would draft (None: all; 0: the off tier, unmeasured tiers and probes wait), the draft
+        ``behind`` or not (None: no lag; module docstring, "A lagging draft"); recorded as pending until
+        :meth:`observe`."""
         self._steps += 1
         self._judge_probe()
         b = self.alpha_bin(alpha)
         off = self.tiers[0] if self.tiers[0].off else None
         tier = off if speculating == 0 and off is not None else self._unmeasured(batch_size, alpha)
         if tier is None:
-            tier = self.best(batch_size, alpha, speculating) or self.tiers[-1]
+            tier = self.best(batch_size, alpha, speculating, behind=behind) or self.tiers[-1]
             self._gap[tier] = self.probe_every
             if self.probe_every and self._probe is None:
                 due = [t for t in self.tiers if t != tier and self._steps - self._last_used[t] >= self._gap[t]]
@@ -330,43 +376,6 @@ class TierChooser(TierCosts):
             if self.cost(tier, batch_size) is None and self._can_win(tier, batch_size, alpha):
                 return tier
         return None
-
-    def row_threshold(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float:
-        """The draft path probability below which verifying one more node of ``tier`` costs the batch more than it
-        returns (a ragged verify, ``ragged_verify``); 0 while anything it needs is unmeasured.
-
-        A step of ``tier`` costs ``C`` where the off tier costs ``C0``; spread over the ``N - 1`` nodes each of the
-        ``B`` requests verifies, one node costs ``m = (C - C0) / (B (N - 1))`` seconds (an upper bound: ``C - C0``
-        also holds the draft's work).  The batch earns ``B tau / C`` tokens a second (``tau`` the tier's expected
-        tokens), and a node earns its acceptance probability ``p`` tokens, so it pays when ``p / m >= B tau / C``:
-        ``p >= (C - C0) tau / ((N - 1) C)``.  Batch 16, ``[1, 2]`` at 140.5 ms, off 101.5 ms, 1.53 tokens: 0.42.
-        """
-        off = next((t for t in self.tiers if t.off), None)
-        if tier.off or off is None or tier.draft_tokens < 2:
-            return 0.0
-        c, c0 = self.cost(tier, batch_size), self.cost(off, batch_size)
-        tau = self.expected_tokens(tier, alpha, batch_size=batch_size)
-        if c is None or c0 is None or tau is None or c <= c0:
-            return 0.0
-        return min(1.0, (c - c0) * tau / ((tier.draft_tokens - 1) * c))
-
-    def request_break_even(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float:
-        """The accepted drafts a request must add per step of ``tier`` at ``batch_size`` for its share of the step's
-        extra cost to pay (a per-request gate's threshold, :mod:`.request_gate`); 0 while anything is unmeasured.
-
-        With ``C`` and ``C0`` the tier's and the off tier's step prices, a request's draft rows cost about ``(C - C0) /
-        B`` of a step the batch earns ``B tau`` tokens in, so they pay when its extra tokens reach ``tau (C - C0) / C``.
-        Batch 16, ``[1, 2]`` at 139.8 ms, off 95.7 ms, 1.46 tokens: 0.46.
-        """
-        off = next((t for t in self.tiers if t.off), None)
-        if tier.off or off is None:
-            return 0.0
-        c, c0 = self.cost(tier, batch_size), self.cost(off, batch_size)
-        tau = self.expected_tokens(tier, alpha, batch_size=batch_size)
-        if c is None or c0 is None or tau is None or c <= c0:
-            return 0.0
-        extra = self._overhead or 0.0
-        return tau * (c - c0) / (c + extra)
 
     def _can_win(self, tier: Tier, batch_size: int, alpha: float | None) -> bool:
         """Whether ``tier``'s best possible rate at ``batch_size`` (its expected tokens at ``alpha`` over

@@ -10,6 +10,7 @@ describes the whole step.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
@@ -56,6 +57,8 @@ class SageDraftMixin(EagleDraftWorkerBase):
         self._stats_host = None
         self.sage_round: torch.Tensor | None = None
         self.sage_lag: DraftLag | None = None
+        #: seconds the current step's catch-up took (0: none ran); the worker prices it apart from the step
+        self.sage_catch_up_seconds = 0.0
         self.sage_tp = tp_sync_group(cfg)
         self.sage_tp_syncs = 0  # drafted steps whose verify input was broadcast from rank 0 (GET /server_info)
 
@@ -99,7 +102,9 @@ class SageDraftMixin(EagleDraftWorkerBase):
             return super().draft(batch, with_topology=with_topology)
         self._ensure_sage_state()
         if self.sage_lag is not None and self.sage_lag.behind():  # off steps skipped the extend: replay them first
+            started = time.perf_counter()  # CPU only (off_lag.py): the forward has run when catch_up returns
             fresh = self.sage_lag.catch_up(self, batch, batch.seq_lens_cpu.tolist(), spec.bonus_tokens)
+            self.sage_catch_up_seconds = time.perf_counter() - started
             spec.topk_p, spec.topk_index, spec.hidden_states = fresh.topk_p, fresh.topk_index, fresh.hidden_states
         bs = spec.topk_p.shape[0]
         token = ACTIVE_SELECTION.set(self.sage_selection)

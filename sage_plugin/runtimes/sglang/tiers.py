@@ -128,6 +128,8 @@ class SageTierController(AdaptiveController):
         self.switches = 0
         #: the batch's mean SAGE alpha for the next choice (host float; None: not known yet)
         self.alpha: float | None = None
+        #: whether the draft is behind for the next choice (``tier_off_lag``; None: the draft never lags)
+        self.behind: bool | None = None
         self.gate = gate
         #: the next decode step's request keys in batch order (set by the worker; None: unknown, no gating)
         self.keys: list[int] | None = None
@@ -154,7 +156,8 @@ class SageTierController(AdaptiveController):
 
     def activate_step_by_batch(self, batch_size: int) -> None:
         step = self._gate_plan(batch_size)
-        tier = self.chooser.choose(batch_size, self.alpha, None if step.mask is None else sum(step.mask))
+        speculating = None if step.mask is None else sum(step.mask)
+        tier = self.chooser.choose(batch_size, self.alpha, speculating, self.behind)
         step.tier = tier
         if tier.off:
             step.mask = None if step.keys is None else [False] * len(step.keys)
@@ -203,15 +206,22 @@ class SageTierController(AdaptiveController):
             return host
         return host.pin_memory().to(device, non_blocking=True)
 
-    def record_times(self, times: list[tuple[tuple[Tier | None, int], float]], admitted: list[int] | None) -> None:
-        """Measured passes ``((tier, batch size), seconds)`` (:class:`sage_plugin.serving.clock.StepClock`): a decode step's cost, or with
-        tier None a prefill pass's time (the admission price); ``admitted``: the request keys of a prefill pass that
-        just ran (the gate forgets their slots' predecessors)."""
+    def record_times(
+        self, times: list[tuple[tuple[Tier | None, int], float]], admitted: list[int] | None, catch_up: float = 0.0
+    ) -> None:
+        """Measured passes ``((tier, batch size), seconds)`` (:class:`sage_plugin.serving.clock.StepClock`): a decode
+        step's cost, or with tier None a prefill pass's time (the admission price); ``admitted``: the request keys of
+        a prefill pass that just ran (the gate forgets their slots' predecessors); ``catch_up``: seconds a lagging
+        draft's catch-up took inside the drafted step of ``times`` (on CPU, where the draft lags, the step is timed at
+        once): priced apart, and taken out of the step's cost."""
         for (tier, bs), seconds in times:
             if tier is None:
                 self.record_prefill(seconds)
-            else:
-                self.record_cost(tier, bs, seconds)
+                continue
+            if catch_up > 0.0 and not tier.off:
+                self.record_catch_up(bs, catch_up)
+                seconds -= catch_up
+            self.record_cost(tier, bs, seconds)
         if self.gate is not None and admitted:
             self.gate.reset(admitted)
 
@@ -228,6 +238,13 @@ class SageTierController(AdaptiveController):
             self.chooser.record_cost(tier, batch_size, seconds)
         else:
             self.shared.record_cost(tier, batch_size, seconds)
+
+    def record_catch_up(self, batch_size: int, seconds: float) -> None:
+        """A lagging draft's measured catch-up, for the chooser (tensor parallelism: as :meth:`record_cost`)."""
+        if self.shared is None:
+            self.chooser.record_catch_up(batch_size, seconds)
+        else:
+            self.shared.record_catch_up(batch_size, seconds)
 
     def record_overhead(self, seconds: float) -> None:
         """The measured time between two decode steps, for the chooser (tensor parallelism: as :meth:`record_cost`)."""
@@ -272,6 +289,7 @@ class RankZeroTimes:
 
     OVERHEAD = -1  # tier index of an overhead sample
     PREFILL = -2  # tier index of a prefill pass's time
+    CATCH_UP = -3  # tier index of a lagging draft's catch-up
 
     def __init__(self, chooser: TierChooser, rank: int, broadcast: Any, every: int = 16, capacity: int = 64) -> None:
         if every < 1 or capacity < 1:
@@ -298,6 +316,10 @@ class RankZeroTimes:
         if self.rank == 0:
             self._buf.append((self.PREFILL, 0, seconds))
 
+    def record_catch_up(self, batch_size: int, seconds: float) -> None:
+        if self.rank == 0:
+            self._buf.append((self.CATCH_UP, batch_size, seconds))
+
     def end_step(self) -> None:
         self._steps += 1
         if self._steps % self.every:
@@ -316,6 +338,8 @@ class RankZeroTimes:
                 self.chooser.record_overhead(seconds)
             elif int(index) == self.PREFILL:
                 self.chooser.record_prefill(seconds)
+            elif int(index) == self.CATCH_UP:
+                self.chooser.record_catch_up(int(bs), seconds)
             else:
                 self.chooser.record_cost(self.chooser.tiers[int(index)], int(bs), seconds)
 

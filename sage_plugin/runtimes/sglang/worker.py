@@ -129,12 +129,15 @@ class SageWorkerMixin:
         draft = self._draft_worker
         if draft is not None:
             draft.sage_round = None
+            draft.sage_catch_up_seconds = 0.0
         tiers = self.sage_tiers if not (prefill or idle) else None
         if tiers is not None and self._sage_last_end is not None and not self._sage_clock.cuda:
             tiers.record_overhead(time.perf_counter() - self._sage_last_end)
         if tiers is not None:  # the batch's requests for the per-request gate, its alpha for the chooser (tiers.py)
             tiers.keys = request_keys(batch)
             tiers.alpha = self._batch_alpha(batch) if self.sage_cfg.tier_alpha_bins else None
+            lag = getattr(draft, "sage_lag", None)  # a lagging draft: the chooser prices its catch-up (off_lag.py)
+            tiers.behind = None if lag is None else lag.behind()
         timed = self.sage_tiers if not idle else None
         started = self._sage_clock.start() if timed is not None else None
         out = super().forward_batch_generation(
@@ -142,7 +145,8 @@ class SageWorkerMixin:
         )
         if timed is not None:  # a decode step prices its tier, a prefill pass the admissions (tiers.py)
             key = (None, 0) if tiers is None else (tiers.active, batch.seq_lens.shape[0])
-            timed.record_times(self._sage_clock.stop(started, key), request_keys(batch) if prefill else None)
+            caught = 0.0 if tiers is None or draft is None else draft.sage_catch_up_seconds
+            timed.record_times(self._sage_clock.stop(started, key), request_keys(batch) if prefill else None, caught)
         if tiers is not None:
             tiers.end_step()
             self._sage_last_end = time.perf_counter()

@@ -182,6 +182,8 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
     assert sage["tier_switches"] > 0
     # the off tier skipped its draft extends and the draft caught up before drafting again (off_lag.py)
     assert sage["off_lag"]["skipped_extends"] > 0 and sage["off_lag"]["catch_ups"] > 0, sage
+    # ... and the catch-ups were priced apart from the drafted steps they preceded (serving/tiers.py, "A lagging draft")
+    assert any(k.startswith("catch_up_ms@") and v > 0 for k, v in report["overhead"].items()), report
     # every off step's verify forward ran as a DECODE forward (tier_off_decode, off_decode.py)
     assert sage["off_decode_steps"] == report["0:1"]["steps"], sage
     # the standalone draft's forwards ran the lean decoder (cpu_lean_draft, lean_draft.py)

@@ -71,21 +71,29 @@ def _controller(control: str, gate: bool = False, shared_rank: int | None = None
     return ctl
 
 
-def _drive(ctl: SageTierController, draft: RecordedDraft, bs: int, seed: int = 0, rank_noise: float = 0.0):
-    """Every recorded step through the controller; returns the tier and mask of each step."""
+def _drive(
+    ctl: SageTierController, draft: RecordedDraft, bs: int, seed: int = 0, rank_noise: float = 0.0, lag: float = 0.0
+):
+    """Every recorded step through the controller; returns the tier and mask of each step.  ``lag`` > 0: a lagging
+    draft (``tier_off_lag``) whose catch-up takes ``lag`` seconds inside the first drafted step after off steps, as
+    the worker times it."""
     rng = random.Random(seed)
     out = []
+    behind = False
     for step in range(len(draft.records)):
         ctl.keys = list(range(bs))
+        ctl.behind = behind if lag else None
         ctl.activate_step_by_batch(bs)
         tier, mask = ctl.active, ctl.mask
-        seconds = COSTS[bs][tier.steps] * (1 + 0.05 * rng.random() + rank_noise)
+        caught = lag if behind and not tier.off else 0.0
+        seconds = COSTS[bs][tier.steps] * (1 + 0.05 * rng.random() + rank_noise) + caught
         admitted = list(range(bs)) if step % 32 == 31 else None  # a prefill pass now and then (admissions)
         times = [((tier, bs), seconds)] + ([((None, 0), 0.08 * (1 + rank_noise))] if admitted else [])
-        ctl.record_times(times, None)
+        ctl.record_times(times, None, caught)
         ctl.end_step()
         ctl.on_verify_complete(draft.accepted(step, tier, mask), bs)
         out.append((tier, mask))
+        behind = bool(lag) and tier.off
     return out
 
 
@@ -97,10 +105,13 @@ def _first_settled(tiers: list[Tier], start: int, off: bool, run: int = 8) -> in
     return None
 
 
+@pytest.mark.parametrize("lag", [0.0, 0.03], ids=["current", "lagging"])
 @pytest.mark.parametrize("bs, off_within", [(4, 24), (16, 4)])
-def test_a_collapse_of_acceptance_turns_speculation_off_and_its_recovery_back_on(bs, off_within):
+def test_a_collapse_of_acceptance_turns_speculation_off_and_its_recovery_back_on(bs, off_within, lag):
+    """Also with a lagging draft whose catch-up costs as much as a third of a step: the switches with the regime
+    (off on the collapse, back on the recovery) are not held up by the catch-up they bring."""
     draft = RecordedDraft([(300, GOOD), (300, BAD), (400, GOOD)], bs)
-    tiers = [t for t, _ in _drive(_controller("calibrated"), draft, bs)]
+    tiers = [t for t, _ in _drive(_controller("calibrated"), draft, bs, lag=lag)]
     assert sum(not t.off for t in tiers[200:300]) >= 95  # in-domain: speculating
     assert _first_settled(tiers, 300, off=True) <= off_within
     assert sum(not t.off for t in tiers[300 + off_within + 8 : 600]) <= 0.12 * (300 - off_within - 8)  # probes only
@@ -162,6 +173,43 @@ def test_tensor_parallel_ranks_choose_the_same_tiers_and_masks():
     assert runs[0] == runs[1]
     assert ctls[0].chooser.summary() == ctls[1].chooser.summary()
     assert any(t.off for t, _ in runs[0]) and any(m is not None for _, m in runs[0])  # both choices were exercised
+
+
+def test_a_catch_up_is_priced_apart_from_the_drafted_step_it_preceded_on_every_rank():
+    """The worker hands the controller a drafted step's time with a lagging draft's catch-up inside it: the step is
+    priced without it, the catch-up on its own (``TierChooser.catch_up``), and under tensor parallelism both are
+    rank 0's (rank 1 times everything twice as slow)."""
+    messages: list = []
+
+    def broadcast(rank: int):
+        def send(t):
+            if rank == 0:
+                messages.append(t.clone())
+            else:
+                t.copy_(messages.pop(0))
+
+        return send
+
+    one = Tier(1, 2)
+    ctls = [_controller("calibrated", False, r, broadcast(r)) for r in (0, 1)]
+    for r, ctl in enumerate(ctls):  # rank 0 first: its shares are what rank 1 receives
+        for _ in range(16):
+            ctl.record_times([((one, 4), 0.130 * (1 + r))], None, catch_up=0.018 * (1 + r))
+            ctl.end_step()
+    for ctl in ctls:
+        assert ctl.chooser.catch_up(4) == pytest.approx(0.018)
+        assert ctl.chooser.cost(one, 4) == pytest.approx(0.112)
+        assert ctl.chooser.summary()["overhead"]["catch_up_ms@4"] == pytest.approx(18.0)
+    assert not messages
+    # the controller hands the chooser whether the draft is behind
+    ctl = _controller("calibrated")
+    seen = []
+    choose = ctl.chooser.choose
+    ctl.chooser.choose = lambda *a: seen.append(a[3]) or choose(*a)
+    for behind in (None, False, True):
+        ctl.behind = behind
+        ctl.activate_step_by_batch(4)
+    assert seen == [None, False, True]
 
 
 def test_speculate_mask_is_a_device_tensor_of_the_host_mask():

@@ -1,0 +1,56 @@
+"""What one more verified node, or one more drafting request, must return for a tier's step to pay: the break-even
+thresholds the tier chooser hands a ragged verify (:meth:`BreakEven.row_threshold`) and the per-request gate
+(:meth:`BreakEven.request_break_even`), from the measured step prices of the tier and of the off tier.
+
+Both compare a drafted tier's step price ``C`` with the off tier's ``C0`` at the same batch size ``B``: the
+difference is what the drafts cost, and the tier's expected tokens ``tau`` per request what the step earns.
+Host-side floats only.
+"""
+
+from __future__ import annotations
+
+from .tier_costs import Tier
+
+__all__ = ["BreakEven"]
+
+
+class BreakEven:
+    """Break-even thresholds of a :class:`~.tiers.TierChooser` (its base: reads its ``tiers``, ``cost``,
+    ``expected_tokens`` and the per-step overhead)."""
+
+    def row_threshold(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float:
+        """The draft path probability below which verifying one more node of ``tier`` costs the batch more than it
+        returns (a ragged verify, ``ragged_verify``); 0 while anything it needs is unmeasured.
+
+        A step of ``tier`` costs ``C`` where the off tier costs ``C0``; spread over the ``N - 1`` nodes each of the
+        ``B`` requests verifies, one node costs ``m = (C - C0) / (B (N - 1))`` seconds (an upper bound: ``C - C0``
+        also holds the draft's work).  The batch earns ``B tau / C`` tokens a second (``tau`` the tier's expected
+        tokens), and a node earns its acceptance probability ``p`` tokens, so it pays when ``p / m >= B tau / C``:
+        ``p >= (C - C0) tau / ((N - 1) C)``.  Batch 16, ``[1, 2]`` at 140.5 ms, off 101.5 ms, 1.53 tokens: 0.42.
+        """
+        off = next((t for t in self.tiers if t.off), None)
+        if tier.off or off is None or tier.draft_tokens < 2:
+            return 0.0
+        c, c0 = self.cost(tier, batch_size), self.cost(off, batch_size)
+        tau = self.expected_tokens(tier, alpha, batch_size=batch_size)
+        if c is None or c0 is None or tau is None or c <= c0:
+            return 0.0
+        return min(1.0, (c - c0) * tau / ((tier.draft_tokens - 1) * c))
+
+    def request_break_even(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float:
+        """The accepted drafts a request must add per step of ``tier`` at ``batch_size`` for its share of the step's
+        extra cost to pay (a per-request gate's threshold, :mod:`.request_gate`); 0 while anything is unmeasured.
+
+        With ``C`` and ``C0`` the tier's and the off tier's step prices, a request's draft rows cost about ``(C - C0) /
+        B`` of a step the batch earns ``B tau`` tokens in, so they pay when its extra tokens reach ``tau (C - C0) / C``.
+        Batch 16, ``[1, 2]`` at 139.8 ms, off 95.7 ms, 1.46 tokens: 0.46.
+        """
+        off = next((t for t in self.tiers if t.off), None)
+        if tier.off or off is None:
+            return 0.0
+        c, c0 = self.cost(tier, batch_size), self.cost(off, batch_size)
+        tau = self.expected_tokens(tier, alpha, batch_size=batch_size)
+        if c is None or c0 is None or tau is None or c <= c0:
+            return 0.0
+        extra = self.overhead_seconds() or 0.0
+        return tau * (c - c0) / (c + extra)
