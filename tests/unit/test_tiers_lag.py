@@ -27,7 +27,7 @@ def _chooser(probe_every: int = 0) -> TierChooser:
     ch = TierChooser(
         (OFF, ONE), probe_every, smoothing=0.05, unpriced_first=0, alpha_bins=2, acceptance="per_tier"
     )
-    for bs, alpha, accepted in ((1, HIGH, 1), (1, LOW, 0.6), (8, HIGH, 1)):
+    for bs in COSTS:
         for tier in (ONE, OFF):
             ch.record_cost(tier, bs, COSTS[bs][tier])
     ch.choose(1, HIGH)  # ONE, no estimate yet
