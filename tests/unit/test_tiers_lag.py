@@ -24,9 +24,7 @@ HIGH, LOW = 0.9, 0.1  # alphas of the two bins
 def _chooser(probe_every: int = 0) -> TierChooser:
     """Off and one drafted tier, every tier and alpha bin taught: at batch 1 one accepted draft at high alpha and
     0.6 at low alpha (off wins that bin narrowly, 33.3 against 32.0 tokens/s), at batch 8 drafting loses."""
-    ch = TierChooser(
-        (OFF, ONE), probe_every, smoothing=0.05, unpriced_first=0, alpha_bins=2, acceptance="per_tier"
-    )
+    ch = TierChooser((OFF, ONE), probe_every, smoothing=0.05, unpriced_first=0, alpha_bins=2, acceptance="per_tier")
     for bs in COSTS:
         for tier in (ONE, OFF):
             ch.record_cost(tier, bs, COSTS[bs][tier])
