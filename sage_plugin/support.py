@@ -48,7 +48,7 @@ class Honoured:
     note: str = ""
 
 
-#: how a runtime that runs :func:`~sage_plugin.core.budgeted.select_shaped` inside its own fixed draft beam (SGLang's
+#: how a runtime that runs :func:`~sage_plugin.core.beam_selection.select_shaped` inside its own fixed draft beam (SGLang's
 #: EAGLE v2 worker, TensorRT-LLM's dynamic tree) applies the selection's beam-dependent fields
 FIXED_BEAM_SELECTION: Mapping[str, Honoured] = {
     "prob_space": Honoured(note="topk renormalises over the siblings the beam holds"),

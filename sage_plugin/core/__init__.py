@@ -27,10 +27,10 @@ emitted
     The tokens a round appends to the output: the accepted draft tokens, then the bonus.
 
 Modules (``docs/design/architecture.md`` maps each rule to its function and oracle): :mod:`.entropy` (Eq. 7-9),
-:mod:`.tree` (layout, ancestor masks, rank-path codes, tree_choices), :mod:`.expand` (the pool / frontier
+:mod:`.tree` (layout, ancestor masks, rank-path codes, tree_choices), :mod:`.level_expansion` (the pool / frontier
 machinery), :mod:`.shape` (the SAGE shape rules, Eq. 9-12), :mod:`.controller` (history), :mod:`.policy` (the
 ``TreePolicy`` interface), :mod:`.baselines` and :mod:`.sage` (the policies), :mod:`.policies` (their registry),
-:mod:`.planned` (the planned topology), :mod:`.cost` (the device-sized budget), :mod:`.budgeted` (selection in a fixed
-beam), :mod:`.slots` (per-slot serving state), :mod:`.verify` (greedy, lossless sampling).  The
-naive per-request oracles of these rules live with the tests (``tests/oracles/``).
+:mod:`.planned_topology` (the planned topology), :mod:`.cost` (the device-sized budget), :mod:`.beam_selection`
+(selection in a fixed beam), :mod:`.filters` (top-k / top-p / min-p), :mod:`.verify` (greedy, lossless sampling).
+The naive per-request oracles of these rules live with the tests (``tests/oracles/``).
 """

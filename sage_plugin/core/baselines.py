@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .expand import (
+from .level_expansion import (
     NEG_INF,
     Candidates,
     DraftPool,

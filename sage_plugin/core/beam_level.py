@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from .calibration import calibrated_logp
-from .expand import DraftPool, Frontier, top_children
+from .level_expansion import DraftPool, Frontier, top_children
 
 __all__ = ["OP_NAMESPACE", "beam_level", "level_pays", "registered_op"]
 
@@ -53,7 +53,7 @@ def beam_level(
     Args:
         pool: the round's pool, updated in place (its trash column is not written).
         frontier: ``[B, F]`` the nodes whose children are proposed.
-        logprobs, k, level, calibration, vocab: as :func:`~sage_plugin.core.expand.propose` takes them.
+        logprobs, k, level, calibration, vocab: as :func:`~sage_plugin.core.level_expansion.propose` takes them.
         width: ``[B]`` int64 the beam: children of the level that grow.
         n_best: a grown child stays on the frontier only among the pool's ``n_best`` most valuable nodes.
         frontier_capacity: the most frontier slots returned (at most ``F * k`` are).

@@ -5,7 +5,7 @@ yields ``1 + sum of the acceptance probabilities of the verified nodes`` tokens 
 With a calibrated draft the probability that greedy verification accepts a node is about its path probability
 ``p = exp(joint log-probability)`` (EAGLE-2's observation), so the expected yield of the ``q`` most
 probable nodes is ``1 + sum of their p``.  Joint probability never increases along a path, so "the ``q`` most
-probable nodes" (:func:`~sage_plugin.core.expand.budget_top_n`, ties to the earlier, parent-first index) is an
+probable nodes" (:func:`~sage_plugin.core.level_expansion.budget_top_n`, ties to the earlier, parent-first index) is an
 ancestor-closed tree.
 
 ``verify_ms`` is the target's forward time as a function of the verified token count, measured once on the device
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .expand import NEG_INF, DraftPool, node_values, rank_desc
+from .level_expansion import NEG_INF, DraftPool, node_values, rank_desc
 
 __all__ = [
     "RoundCost",
@@ -201,8 +201,8 @@ class RankedNodes:
         value: float32 path value ``joint`` (-inf where empty).
         ordered: each request's values in descending order.
         place: int64 each node's place in that order (0 = the most valuable; ties: the earlier node first), so
-            ``filled & (place < q)`` is :func:`~sage_plugin.core.expand.budget_top_n`'s ``q`` best (both rank with
-            :func:`~sage_plugin.core.expand.rank_desc`).
+            ``filled & (place < q)`` is :func:`~sage_plugin.core.level_expansion.budget_top_n`'s ``q`` best (both rank with
+            :func:`~sage_plugin.core.level_expansion.rank_desc`).
     """
 
     filled: torch.Tensor

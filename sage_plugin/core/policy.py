@@ -1,7 +1,7 @@
 """The tree-policy interface: :class:`TreePolicy`, its per-request state and plan, and the fixed-shape base.
 
 A policy turns live draft probabilities into a draft tree, level by level, inside a node budget (the pool /
-frontier machinery is :mod:`sage_plugin.core.expand`).  A runtime drives it like this (``B`` requests)::
+frontier machinery is :mod:`sage_plugin.core.level_expansion`).  A runtime drives it like this (``B`` requests)::
 
     state = policy.init_state(B, device)                          # once per batch of requests
     plan = policy.plan(state, root_logprobs)                      # once per round: per-request D / W
@@ -28,7 +28,7 @@ import torch
 
 from .controller import HistoryState, history_init
 from .entropy import topk_confidence
-from .expand import DraftPool, Frontier, finalize
+from .level_expansion import DraftPool, Frontier, finalize
 from .params import SageParams
 from .tree import DraftTree
 

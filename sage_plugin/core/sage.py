@@ -25,9 +25,9 @@ from .calibration import calibration_log_table
 from .controller import observe_history
 from .cost import cost_cut, level_pays
 from .entropy import topk_confidence
-from .expand import Candidates, DraftPool, Frontier, append, best_nodes, budget_top_n, finalize_nodes, propose
+from .level_expansion import Candidates, DraftPool, Frontier, append, best_nodes, budget_top_n, finalize_nodes, propose
 from .params import SageParams
-from .planned import code_depth, plan_next_tree, planned_selection
+from .planned_topology import code_depth, plan_next_tree, planned_selection
 from .policy import FixedShapePolicy, PolicyState, RoundPlan
 from .shape import LevelProbs, budget_key, choose_alpha, in_prob_space, level_keep, plan_shape
 from .tree import DraftTree

@@ -1,7 +1,7 @@
 """The SAGE shape rules (arXiv 2602.00523, Eq. 9-12), each written once.
 
 Every consumer of SAGE calls these functions: the online tree policy (:mod:`.sage`, one level of live draft
-candidates at a time), the selection inside a fixed draft beam (:mod:`.budgeted`, SGLang) and the per-slot serving
+candidates at a time), the selection inside a fixed draft beam (:mod:`.beam_selection`, SGLang) and the per-slot serving
 state (:mod:`.slots`).  The naive oracle of the same rules is ``tests/oracles/rules.py``.
 
 * :func:`choose_alpha`: which confidence shapes a round (open point 1: ``lag1`` / ``fresh`` / ``path_mean``;
@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import torch
 
-from .expand import budget_top_n
+from .level_expansion import budget_top_n
 from .params import SageParams
 
 __all__ = ["LevelProbs", "budget_key", "choose_alpha", "in_prob_space", "level_keep", "plan_shape", "round_mode"]

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.cost import RoundCost
-from ..core.expand import Frontier, new_pool
+from ..core.level_expansion import Frontier, new_pool
 from ..core.policies import TreePolicy
 from ..core.tree import DraftTree, ancestor_mask
 from ..core.verify import VerifyResult, greedy_verify, sample_verify

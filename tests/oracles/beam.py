@@ -1,4 +1,4 @@
-"""Naive reference of SAGE's selection inside a fixed draft beam (the oracle of :mod:`sage_plugin.core.budgeted`)."""
+"""Naive reference of SAGE's selection inside a fixed draft beam (the oracle of :mod:`sage_plugin.core.beam_selection`)."""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ OTHER_VALUES: dict[str, list] = {
 }
 
 
-#: the open-point switches SAGE's selection inside a fixed beam reads (``core.budgeted.select_shaped``), each with its
+#: the open-point switches SAGE's selection inside a fixed beam reads (``core.beam_selection.select_shaped``), each with its
 #: values (default first): the selection tests draw from them
 SELECTION_SWITCHES: dict[str, tuple] = dict(
     parent_prob=("conditional", "joint"),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from sage_plugin.config import SageConfig
-from sage_plugin.core.budgeted import eagle_beam_candidates
+from sage_plugin.core.beam_selection import eagle_beam_candidates
 from sage_plugin.core.controller import HistoryState
 from sage_plugin.runtimes.sglang.selection import STAT_FIELDS, BeamSelection, DraftCounters, planned_draft
 from sage_plugin.serving.slots import SlotState

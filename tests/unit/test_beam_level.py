@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import sage_plugin.core.sage as sage_module
 from sage_plugin.config import SageConfig
-from sage_plugin.core.expand import DraftPool, Frontier, new_pool
+from sage_plugin.core.level_expansion import DraftPool, Frontier, new_pool
 from sage_plugin.core.policy import RoundPlan
 from sage_plugin.core.sage import SagePolicy
 from sage_plugin.kernels.beam_level import beam_ops

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sage_plugin.config import ConfigError, SageConfig
 from sage_plugin.core.calibration import calibrated_logp, calibration_bin, calibration_log_table, fit_calibration
-from sage_plugin.core.expand import new_pool, propose
+from sage_plugin.core.level_expansion import new_pool, propose
 from sage_plugin.core.policies import build_policy
 
 tables = st.integers(1, 5).flatmap(

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sage_plugin.config import ConfigError, SageConfig
 from sage_plugin.core.cost import RoundCost, best_count, cheapest_at_least, expected_yield, next_level_can_pay
-from sage_plugin.core.expand import budget_top_n, new_pool
+from sage_plugin.core.level_expansion import budget_top_n, new_pool
 from sage_plugin.core.policies import build_policy
 
 NEG = float("-inf")

@@ -12,7 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from sage_plugin.core.beam_level import registered_op
-from sage_plugin.core.expand import new_pool, top_children
+from sage_plugin.core.level_expansion import new_pool, top_children
 from sage_plugin.kernels.beam_level import beam_ops
 from sage_plugin.kernels.linear import rows_kernel
 from sage_plugin.kernels.llama_decoder import decoder_kernel

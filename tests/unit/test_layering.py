@@ -48,8 +48,8 @@ LAYERS = {
     "__init__": 6,
 }
 HOT_PATH = tuple(f"core/{name}.py" for name in (
-    "entropy", "expand", "shape", "policy", "baselines", "sage", "planned", "budgeted", "cost", "controller", "verify",
-    "filters",
+    "entropy", "level_expansion", "shape", "policy", "baselines", "sage", "planned_topology", "beam_selection", "cost",
+    "controller", "verify", "filters",
 )) + ("serving/slots.py",)  # fmt: skip
 MAX_LINES = 400
 

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sage_plugin.config import MC_SIM_7B_63, SageConfig
-from sage_plugin.core.expand import new_pool
+from sage_plugin.core.level_expansion import new_pool
 from sage_plugin.core.policies import POLICIES, PolicyState, build_policy, policy_class
 from sage_plugin.core.sage import pool_of
 from sage_plugin.core.verify import greedy_verify
@@ -626,7 +626,7 @@ def test_a_restricted_vocabulary_builds_the_full_rows_tree(policy):
 def test_propose_fills_only_what_its_caller_reads():
     """``propose(parents=False, topk_rows=False)`` (every policy but SAGE's level rule and planned replay): the same
     candidates without the parents' probabilities, and no top-k rows recorded in the pool."""
-    from sage_plugin.core.expand import propose
+    from sage_plugin.core.level_expansion import propose
 
     gen = torch.Generator().manual_seed(0)
     pools = [new_pool(torch.tensor([3, 5]), 40, 4) for _ in range(2)]

@@ -66,7 +66,7 @@ RUNTIMES = {
         SGLANG_SUPPORT,
         _sglang_launch,
         flag_name,
-        ["core/shape.py", "core/budgeted.py", "serving/slots.py", "core/controller.py", "core/sage.py",
+        ["core/shape.py", "core/beam_selection.py", "serving/slots.py", "core/controller.py", "core/sage.py",
          "core/baselines.py", "runtimes/sglang"],
     ),
     "trtllm": (
@@ -79,7 +79,7 @@ RUNTIMES = {
         TRTLLM_TREE_SUPPORT,
         _trtllm_tree_launch,
         str,
-        ["core/shape.py", "core/budgeted.py", "serving/slots.py", "core/controller.py", "core/entropy.py",
+        ["core/shape.py", "core/beam_selection.py", "serving/slots.py", "core/controller.py", "core/entropy.py",
          "runtimes/trtllm"],
     ),
 }  # fmt: skip

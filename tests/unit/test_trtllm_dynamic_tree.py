@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sage_plugin.config import ConfigError, SageConfig
-from sage_plugin.core.budgeted import eagle_beam_candidates, select_shaped
+from sage_plugin.core.beam_selection import eagle_beam_candidates, select_shaped
 from sage_plugin.runtimes.trtllm import dynamic_tree
 from sage_plugin.runtimes.trtllm.contract import TREE_WORKER_READ, ContractMismatchError
 from sage_plugin.runtimes.trtllm.dynamic_tree import install_dynamic_tree_policy, uninstall_dynamic_tree_policy

@@ -17,7 +17,7 @@ from typing import Callable, TypeVar
 import torch
 
 from sage_plugin.config import SageConfig
-from sage_plugin.core.budgeted import eagle_beam_candidates, select_shaped
+from sage_plugin.core.beam_selection import eagle_beam_candidates, select_shaped
 from sage_plugin.serving.slots import RoundShape, SlotState
 
 from .request_meta import ROUND_FIELDS

@@ -2,7 +2,7 @@
 
 SGLang drafts a fixed EAGLE beam per step and verifies a fixed number of tokens (``--speculative-num-draft-tokens``,
 one CUDA graph per shape); SAGE chooses which candidates of the beam form each request's verified tree
-(:func:`sage_plugin.core.budgeted.select_shaped`) from a per-slot plan (:class:`sage_plugin.serving.slots.SlotState`).
+(:func:`sage_plugin.core.beam_selection.select_shaped`) from a per-slot plan (:class:`sage_plugin.serving.slots.SlotState`).
 :func:`.algo.validate_server_args` checks this table at launch, naming the ``--sage-*`` flag.
 """
 

@@ -13,7 +13,7 @@ backends, tree build and verify, and decides only what SAGE decides (nothing is 
   (the beam's first top-k probabilities) and its slot's history: alpha -> (D, W)
   (:class:`sage_plugin.serving.slots.SlotState`), inside ``draft_forward``, the callable SGLang's draft CUDA graph
   runner captures (:func:`.selection.planned_draft`);
-* the verified nodes are chosen by :func:`sage_plugin.core.budgeted.select_shaped` (``rerank_pool``: the beam's
+* the verified nodes are chosen by :func:`sage_plugin.core.beam_selection.select_shaped` (``rerank_pool``: the beam's
   most probable paths by default, or SAGE's shape first), through the ``organize_draft_results`` hook
   (``hooks.py``, ``patches/INDEX.md`` #3), which dispatches to the active :class:`BeamSelection` and otherwise
   leaves SGLang's selection alone;

@@ -8,7 +8,7 @@ children each, and the history buffers keep every candidate::
     history_draft_tokens_buffer  [bs, K + K*K*(D-1)]   their tokens
     history_draft_tokens_parent_buffer [bs, 1 + K*(D-1)]  -1, then each layer's K beam nodes (history indices)
 
-which is exactly the candidate layout of SGLang's EAGLE beam (:func:`sage_plugin.core.budgeted.eagle_beam_candidates`).
+which is exactly the candidate layout of SGLang's EAGLE beam (:func:`sage_plugin.core.beam_selection.eagle_beam_candidates`).
 At the end, ``resampling_final_draft_tokens`` keeps the top ``M = max_total_draft_tokens`` candidates by path score
 (``_resample_final_tokens``: top-M, indices sorted) and the worker builds the tree from them.  SAGE decides which
 ``M``, with the same function as the SGLang worker:
@@ -17,7 +17,7 @@ At the end, ``resampling_final_draft_tokens`` keeps the top ``M = max_total_draf
   (``_num_accepted_tokens_buf``) to each slot's history, resets the slots of context requests and plans alpha, D, W
   per slot from the root's top-K probabilities (:class:`sage_plugin.serving.slots.SlotState`, slots =
   ``spec_tree_manager.slot_storage.all_ids_buf``, i.e. ``py_seq_slot``);
-* ``resampling_final_draft_tokens`` (replaced): :func:`~sage_plugin.core.budgeted.select_shaped` picks the ``M``
+* ``resampling_final_draft_tokens`` (replaced): :func:`~sage_plugin.core.beam_selection.select_shaped` picks the ``M``
   nodes (``rerank_pool``: the most probable paths by default, or SAGE's shape first); their scores are raised by 2
   (scores are probabilities, so every chosen node now outranks every other) and the worker's own
   ``_resample_final_tokens`` runs on them, so its top-M is SAGE's choice, in its own output format;
@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from ...config import SageConfig
-from ...core.budgeted import eagle_beam_candidates, select_shaped
+from ...core.beam_selection import eagle_beam_candidates, select_shaped
 from ...serving.slots import SlotState
 from .contract import DYNAMIC_TREE_COMMIT, TREE_WORKER, check_class_against_contract
 from .support import TRTLLM_TREE_SUPPORT

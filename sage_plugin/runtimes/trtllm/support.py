@@ -5,7 +5,7 @@
   ``D`` (:mod:`.drafter`); the width and level-inclusion rules of a tree do not apply.
 * :data:`TRTLLM_TREE_SUPPORT`, the dynamic-tree tier (TensorRT-LLM main, EAGLE-3 ``use_dynamic_tree``): SAGE chooses
   the verified nodes inside the worker's fixed beam and budget with the same function as SGLang
-  (:func:`sage_plugin.core.budgeted.select_shaped`, :mod:`.dynamic_tree`).
+  (:func:`sage_plugin.core.beam_selection.select_shaped`, :mod:`.dynamic_tree`).
 
 ``sage trtllm-serve`` checks the config against its tier's table before anything starts
 (:func:`.config.check_sage_config`); ``docs/reference/runtime-support.md`` shows both.

@@ -1,4 +1,4 @@
-"""SAGE selection inside a fixed beam (:mod:`sage_plugin.core.budgeted`) against the shared naive oracle
+"""SAGE selection inside a fixed beam (:mod:`sage_plugin.core.beam_selection`) against the shared naive oracle
 (:func:`tests.oracles.select_in_beam_ref`, built on the same SAGE rule oracle as the tree builder)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sage_plugin.config import SageConfig
-from sage_plugin.core.budgeted import ShapedSelection, eagle_beam_candidates, select_shaped
+from sage_plugin.core.beam_selection import ShapedSelection, eagle_beam_candidates, select_shaped
 from tests.oracles import select_in_beam_ref
 from tests.oracles.rules import Margin
 

@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from .expand import Candidates, DraftPool, append, new_pool, propose
+from .level_expansion import Candidates, DraftPool, append, new_pool, propose
 from .policy import RoundPlan
 
 __all__ = ["code_depth", "plan_next_tree", "planned_selection"]
