@@ -150,9 +150,9 @@ class SageConfig:
     # a request whose own drafts keep failing stops speculating while its batch goes on (serving/request_gate.py)
     tier_request_gate: bool = False
     # steps the off tier may leave a standalone draft behind on CPU instead of running its draft extend; the draft
-    # catches up in one forward before the next drafted step (0: every off step runs the extend; a catch-up costs
-    # more than the extends it replaces once the off step runs as a DECODE forward; docs/design/sglang-internals.md,
-    # "The speculation-off tier")
+    # catches up in one forward before the next drafted step, and the tier control prices each catch-up (0: every off
+    # step runs the extend; the shipped CPU config sets 128; docs/design/sglang-internals.md, "The speculation-off
+    # tier")
     tier_off_lag: int = 0
     # the off tier's target forward runs as SGLang's DECODE forward instead of a one-node TARGET_VERIFY (CPU; same
     # tokens, slots and logits; docs/design/sglang-internals.md, "The speculation-off tier")
