@@ -97,6 +97,22 @@ def _drive(
     return out
 
 
+def _in_process_broadcast(messages: list):
+    """``broadcast(rank)``: a stand-in for the tensor-parallel host broadcast in one process, rank 0 run first (its
+    sends queue in ``messages``, rank 1's receives take them in order)."""
+
+    def broadcast(rank: int):
+        def send(t):
+            if rank == 0:
+                messages.append(t.clone())
+            else:
+                t.copy_(messages.pop(0))
+
+        return send
+
+    return broadcast
+
+
 def _first_settled(tiers: list[Tier], start: int, off: bool, run: int = 8) -> int | None:
     """Steps after ``start`` until ``run`` steps in a row are all off (``off``) or all drafted."""
     for i in range(start, len(tiers) - run):
@@ -144,16 +160,7 @@ def test_tensor_parallel_ranks_choose_the_same_tiers_and_masks():
     collapsed = {i: (BAD if i < 4 else GOOD) for i in range(bs)}
     draft = RecordedDraft([(60, GOOD), (200, collapsed), (60, BAD)], bs, seed=2)
     messages: list = []
-
-    def broadcast(rank: int):
-        def send(t):
-            if rank == 0:
-                messages.append(t.clone())
-            else:
-                t.copy_(messages.pop(0))
-
-        return send
-
+    broadcast = _in_process_broadcast(messages)
     ctls = [_controller("calibrated", True, r, broadcast(r)) for r in (0, 1)]
     runs = [[], []]
     rngs = [random.Random(0), random.Random(0)]
@@ -180,16 +187,7 @@ def test_a_catch_up_is_priced_apart_from_the_drafted_step_it_preceded_on_every_r
     priced without it, the catch-up on its own (``TierChooser.catch_up``), and under tensor parallelism both are
     rank 0's (rank 1 times everything twice as slow)."""
     messages: list = []
-
-    def broadcast(rank: int):
-        def send(t):
-            if rank == 0:
-                messages.append(t.clone())
-            else:
-                t.copy_(messages.pop(0))
-
-        return send
-
+    broadcast = _in_process_broadcast(messages)
     one = Tier(1, 2)
     ctls = [_controller("calibrated", False, r, broadcast(r)) for r in (0, 1)]
     for r, ctl in enumerate(ctls):  # rank 0 first: its shares are what rank 1 receives
