@@ -212,30 +212,37 @@ class TierChooser(BreakEven, TierCosts):
         speculating: int | None = None,
         z: float = 0.0,
         behind: bool | None = None,
+        regime: Tier | None = None,
     ) -> float | None:
         """Expected tokens per second of the whole batch (None while either estimate is missing), ``speculating`` of
         its requests drafting (None: all; the others one token each), the tokens ``z`` standard errors off, the step
-        charged :meth:`switch_cost` for a draft ``behind`` or not (None: no lag)."""
+        charged :meth:`switch_cost` for a draft ``behind`` or not (None: no lag), against ``regime`` if given."""
         tokens = self.expected_tokens(tier, alpha, z, batch_size)
         cost = self.cost(tier, batch_size)
         if cost is not None and behind is not None:
-            cost += self.switch_cost(tier, batch_size, speculating, behind)
+            cost += self.switch_cost(tier, batch_size, speculating, behind, regime)
         return self._per_second(batch_size, tokens, cost, tier, speculating)
 
-    def switch_cost(self, tier: Tier, batch_size: int, speculating: int | None = None, behind: bool = False) -> float:
-        """Catch-up seconds a step of ``tier`` at ``batch_size`` is charged when the draft is ``behind`` (True) or
-        current (False): the measured catch-up if the step switches against the regime (:meth:`regime`), else 0
-        (module docstring, "A lagging draft").  Examples with the regime drafted: an off step with the draft
-        current pays it; a drafted step with the draft behind does not (the switch back starts a drafted run)."""
+    def switch_cost(
+        self,
+        tier: Tier,
+        batch_size: int,
+        speculating: int | None = None,
+        behind: bool = False,
+        regime: Tier | None = None,
+    ) -> float:
+        """Catch-up seconds a step of ``tier`` at ``batch_size`` is charged with the draft ``behind`` (True) or current
+        (False): the measured catch-up if the step switches against :meth:`regime` (``regime`` if the caller has it),
+        else 0 (module docstring, "A lagging draft").  Regime drafted: an off step with the draft current pays it, a
+        drafted step with the draft behind does not (the switch back starts a drafted run)."""
         price = self.catch_up(batch_size)
         if not price or tier.off == behind:  # off while behind, drafted while current: no switch
             return 0.0
-        regime = self.regime(batch_size, speculating)
+        regime = regime or self.regime(batch_size, speculating)
         return price if regime is not None and regime.off != tier.off else 0.0
 
     def regime(self, batch_size: int, speculating: int | None = None) -> Tier | None:
-        """The long-run tier at ``batch_size``: the best with every tier's overall acceptance (no alpha) and no
-        catch-up charged (None while nothing is rated there)."""
+        """The long-run tier at ``batch_size``: the best at overall acceptance (no alpha), no catch-up charged."""
         return self.best(batch_size, None, speculating)
 
     def optimistic_rate(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float | None:
@@ -268,12 +275,14 @@ class TierChooser(BreakEven, TierCosts):
         behind: bool | None = None,
     ) -> Tier | None:
         """The tier with the highest known rate at ``batch_size`` and mean alpha ``alpha`` (ties: fewer steps), a
-        drafted tier's tokens ``doubt`` standard errors low, the catch-up charged as :meth:`rate` does for ``behind``;
-        None if none is known.  ``drafted``: drafted tiers only."""
+        drafted tier's tokens ``doubt`` standard errors low, the catch-up charged as :meth:`rate` does for ``behind``
+        (against the regime, found once for every tier); None if none is known.  ``drafted``: drafted tiers only."""
         candidates = [t for t in self.tiers if not (drafted and t.off)]
+        regime = self.regime(batch_size, speculating) if behind is not None and self.catch_up(batch_size) else None
         rated = [
             (r, t) for t in candidates
-            if (r := self.rate(t, batch_size, alpha, speculating, 0.0 if t.off else -self.doubt, behind)) is not None
+            if (r := self.rate(t, batch_size, alpha, speculating, 0.0 if t.off else -self.doubt, behind, regime))
+            is not None
         ]  # fmt: skip
         if not rated:
             return None
