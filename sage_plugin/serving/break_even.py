@@ -28,13 +28,10 @@ class BreakEven:
         tokens), and a node earns its acceptance probability ``p`` tokens, so it pays when ``p / m >= B tau / C``:
         ``p >= (C - C0) tau / ((N - 1) C)``.  Batch 16, ``[1, 2]`` at 140.5 ms, off 101.5 ms, 1.53 tokens: 0.42.
         """
-        off = next((t for t in self.tiers if t.off), None)
-        if tier.off or off is None or tier.draft_tokens < 2:
+        prices = self._drafted_prices(tier, batch_size, alpha) if tier.draft_tokens >= 2 else None
+        if prices is None:
             return 0.0
-        c, c0 = self.cost(tier, batch_size), self.cost(off, batch_size)
-        tau = self.expected_tokens(tier, alpha, batch_size=batch_size)
-        if c is None or c0 is None or tau is None or c <= c0:
-            return 0.0
+        c, c0, tau = prices
         return min(1.0, (c - c0) * tau / ((tier.draft_tokens - 1) * c))
 
     def request_break_even(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float:
@@ -45,12 +42,20 @@ class BreakEven:
         B`` of a step the batch earns ``B tau`` tokens in, so they pay when its extra tokens reach ``tau (C - C0) / C``.
         Batch 16, ``[1, 2]`` at 139.8 ms, off 95.7 ms, 1.46 tokens: 0.46.
         """
+        prices = self._drafted_prices(tier, batch_size, alpha)
+        if prices is None:
+            return 0.0
+        c, c0, tau = prices
+        return tau * (c - c0) / (c + (self.overhead_seconds() or 0.0))
+
+    def _drafted_prices(self, tier: Tier, batch_size: int, alpha: float | None) -> tuple[float, float, float] | None:
+        """``(C, C0, tau)`` of drafted ``tier`` at ``batch_size`` (module docstring); None for the off tier, without an
+        off tier, while any is unmeasured, or where the tier's step costs no more than the off tier's."""
         off = next((t for t in self.tiers if t.off), None)
         if tier.off or off is None:
-            return 0.0
+            return None
         c, c0 = self.cost(tier, batch_size), self.cost(off, batch_size)
         tau = self.expected_tokens(tier, alpha, batch_size=batch_size)
         if c is None or c0 is None or tau is None or c <= c0:
-            return 0.0
-        extra = self.overhead_seconds() or 0.0
-        return tau * (c - c0) / (c + extra)
+            return None
+        return c, c0, tau
