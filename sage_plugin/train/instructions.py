@@ -21,6 +21,7 @@ exact match.  Usage::
 from __future__ import annotations
 
 import ast
+import functools
 import random
 import re
 from collections.abc import Iterator
@@ -283,8 +284,10 @@ def _records(r: random.Random) -> str:
     return f"{r.choice(_RECORD_INSTR)}\n\n{' '.join(people)}"
 
 
-def _docstring_paragraphs(stdlib: str | Path | None) -> list[str]:
-    """Prose paragraphs (300-1200 characters) of stdlib module, class and function docstrings, in file order."""
+@functools.lru_cache(maxsize=2)
+def _docstring_paragraphs(stdlib: str | Path | None) -> tuple[str, ...]:
+    """Prose paragraphs (300-1200 characters) of stdlib module, class and function docstrings, in file order
+    (parsing the standard library takes seconds: one parse per process and library)."""
     out = []
     for _, tree in stdlib_modules(stdlib):
         for node in ast.walk(tree):
@@ -295,7 +298,7 @@ def _docstring_paragraphs(stdlib: str | Path | None) -> list[str]:
                 text = " ".join(line.strip() for line in para.splitlines())
                 if 300 <= len(text) <= 1200 and not re.search(r"(>>>|::|==|\+--|\$|@|\{)", text):
                     out.append(text)
-    return out
+    return tuple(out)
 
 
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "extraction", "knowledge", "code", "advice")
@@ -307,7 +310,7 @@ def instruction_prompts(seed: int, stdlib: str | Path | None = None) -> Iterator
     Duplicates are possible from the generators; :func:`sage_plugin.train.data.chat_prompts` de-duplicates.
     """
     r = random.Random(seed + 101)
-    paras = _docstring_paragraphs(stdlib)
+    paras = list(_docstring_paragraphs(stdlib))
     random.Random(seed + 103).shuffle(paras)
     para_it = iter(paras)
 
