@@ -7,8 +7,8 @@ kernel comes to that bound at 2-16 rows differs by CPU, so the number of rows of
 CPU) picks the path:
 
 * **1..** :data:`KERNEL_MAX_ROWS` **rows: the rows kernel** (the custom op ``torch.ops.sage_plugin.rows_linear``,
-  ``csrc/rows_linear.cpp``, built for this machine at first use by ``torch.utils.cpp_extension``; ``tools/setup.sh``
-  builds it once), where the inner size is a multiple of 16 and no gradient is wanted.  Every tile of the weight is read once, prefetched ahead, and multiplied into four rows
+  ``csrc/rows_linear.cpp``, built for this machine's instruction set level at first use
+  (:mod:`~sage_plugin.kernels.native`); ``tools/setup.sh`` builds it once), where the inner size is a multiple of 16 and no gradient is wanted.  Every tile of the weight is read once, prefetched ahead, and multiplied into four rows
   of ``x`` at a time in vector registers; each loaded vector stays in a register for every row it multiplies
   (``simd.h``, ``in_register``), so past 4 rows the loop is bound by arithmetic rather than by loads.  It is
   **batch-invariant**: a row's result does not depend on the other rows of the call (each output sums its products
@@ -19,9 +19,9 @@ CPU) picks the path:
   next multiple of 8 (zero rows, cut off again), which avoids BLAS's slow ragged row counts.
 * **more rows** (prefill), other devices (cuBLAS picks its own layout), mixed dtypes: ``F.linear``.
 
-:data:`KERNEL_MAX_ROWS` is 32 where torch runs AVX-512 (there the kernel's 16-lane build ties ``F.linear`` near 48
-rows, and weight-major is slower than ``F.linear``) and :data:`MAX_ROWS` elsewhere (the 8-lane AVX2 build is the
-fastest of the three products up to 64 rows).  ``python -m sage_plugin.bench.linear_curve`` times the three products
+:data:`KERNEL_MAX_ROWS` is 32 on AVX-512 (there the kernel's 16-lane build ties ``F.linear`` near 48 rows, and
+weight-major is slower than ``F.linear``), :data:`MAX_ROWS` on AVX2 (the 8-lane build is the fastest of the three
+products up to 64 rows) and 0 on a baseline x86-64 CPU or off x86-64.  ``python -m sage_plugin.bench.linear_curve`` times the three products
 by rows on the machine it runs on (``docs/benchmarks.md``, "Linear layers by rows").
 
 Every consumer, plain decoding included, takes the same rule: the reference engine's models and EAGLE-3 heads
@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .native import NAMESPACE, cpu_ops
+from .native import NAMESPACE, cpu_ops, host_isa
 
 __all__ = ["KERNEL_MAX_ROWS", "MAX_ROWS", "kernel_streams", "linear", "rows_kernel", "stored_as"]
 
@@ -54,10 +54,11 @@ PAD_ABOVE = 8
 PAD_TO = 8
 #: the rows kernel's inner size must be a multiple of this (its widest vector)
 KERNEL_K_MULTIPLE = 16
-#: the most rows the rows kernel takes (above it, up to :data:`MAX_ROWS`: weight-major).  32 where torch runs AVX-512
-#: (the kernel's 16-lane build ties ``F.linear`` near 48 rows there), :data:`MAX_ROWS` elsewhere (the 8-lane AVX2
-#: build beats both BLAS products at every row count up to 64)
-KERNEL_MAX_ROWS = 32 if torch.backends.cpu.get_cpu_capability() == "AVX512" else MAX_ROWS
+#: the most rows the rows kernel takes (above it, up to :data:`MAX_ROWS`: weight-major), by the level it is built for
+#: (:func:`~sage_plugin.kernels.native.host_isa`): 32 on AVX-512 (the kernel's 16-lane build ties ``F.linear`` near 48
+#: rows there), :data:`MAX_ROWS` on AVX2 (the 8-lane build beats both BLAS products at every row count up to 64), 0 on
+#: a baseline x86-64 CPU (the build without vector instructions is never faster than BLAS)
+KERNEL_MAX_ROWS = {"avx512": 32, "avx2": MAX_ROWS}.get(host_isa() or "", 0)
 
 
 def rows_kernel() -> Any:

@@ -3,12 +3,16 @@
 Each ``csrc/<name>.cpp`` registers its operators as PyTorch custom ops in the ``sage_plugin`` namespace
 (``TORCH_LIBRARY_FRAGMENT`` with the schema, ``TORCH_LIBRARY_IMPL`` with the CPU kernel), so a caller reaches them as
 ``torch.ops.sage_plugin.<op>`` and ``torch.compile`` / ``FakeTensorMode`` see them through the fake kernel the
-kernel's Python module registers (``register_fake``) once the library is loaded.  Each library is compiled for the
-machine it runs on (``-O3 -march=native -fopenmp``) by ``torch.utils.cpp_extension.load`` and cached by torch under
-``~/.cache/torch_extensions``; the build name carries torch's CPU capability, so machines sharing a cache never load
-a build for another instruction set.  ``tools/setup.sh`` builds them once (about 30 s each) instead of at the first
-forward.  Where a library cannot be built (no compiler, no ninja) its caller keeps its torch path, after one warning
-per library and process.
+kernel's Python module registers (``register_fake``) once the library is loaded.
+
+Each library is compiled by ``torch.utils.cpp_extension.load`` (``-O3 -fopenmp``) for one of three x86-64 instruction
+set levels, :data:`ISA_LEVELS`: ``avx512``, ``avx2`` or the baseline ``x86-64``, the best one whose CPU flags this
+machine has (:func:`host_isa`).  The flags compiled for are explicit (``-march=x86-64`` plus that level's ``-m``
+flags, never ``-march=native``), and the build's name carries the level, so machines sharing a cache directory
+(``~/.cache/torch_extensions``) each load a build whose instructions they all have.  ``tools/setup.sh`` builds them
+once (about 30 s each) instead of at the first forward.  Off x86-64 nothing is compiled: every caller keeps its torch
+path, after one warning per process.  Where a library cannot be built (no compiler, no ninja) its caller keeps its
+torch path, after one warning per library and process.
 
 Example (the ops of ``csrc/rows_linear.cpp``; None where it cannot be built)::
 
@@ -18,8 +22,10 @@ Example (the ops of ``csrc/rows_linear.cpp``; None where it cannot be built)::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
+import platform
 import threading
 import warnings
 from pathlib import Path
@@ -27,14 +33,59 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["NAMESPACE", "cpu_ops"]
+__all__ = ["ISA_LEVELS", "NAMESPACE", "cpu_ops", "host_isa", "isa_of"]
 
 #: the custom-op namespace of every kernel: ``torch.ops.sage_plugin.<op>``
 NAMESPACE = "sage_plugin"
 
+#: instruction set level -> (the CPU flags it needs, as ``/proc/cpuinfo`` spells them; the compiler flags it is built
+#: with), best first.  ``simd.h`` picks its vector width from the macros these define (``__AVX512F__``, ``__FMA__``).
+ISA_LEVELS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
+    "avx512": (frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl"}),
+               ("-march=x86-64", "-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl")),
+    "avx2": (frozenset({"avx2", "fma"}), ("-march=x86-64", "-mavx2", "-mfma")),
+    "x86-64": (frozenset(), ("-march=x86-64",)),
+}  # fmt: skip
+#: torch's CPU capability -> the level, where the CPU's flags cannot be read (no /proc/cpuinfo)
+_CAPABILITY_LEVEL = {"AVX512": "avx512", "AVX2": "avx2"}
+_X86_64 = {"x86_64", "amd64"}
+
 _CSRC = Path(__file__).with_name("csrc")
 _lock = threading.Lock()
 _built: dict[str, Any] = {}  # library name -> the op namespace, or False where it cannot be built
+_warned_off_x86: list[bool] = []  # one warning per process off x86-64
+
+
+def isa_of(machine: str, flags: frozenset[str] | None) -> str | None:
+    """The level of :data:`ISA_LEVELS` the kernels are built for on a CPU of ``machine`` (``platform.machine()``)
+    with CPU ``flags`` (None: unknown, torch's CPU capability decides), or None off x86-64.
+
+    >>> isa_of("x86_64", frozenset({"sse2", "avx2", "fma"})), isa_of("x86_64", frozenset({"sse2", "avx"}))
+    ('avx2', 'x86-64')
+    >>> isa_of("aarch64", frozenset({"asimd"})) is None
+    True
+    """
+    if machine.lower() not in _X86_64:
+        return None
+    if flags is None:
+        return _CAPABILITY_LEVEL.get(torch.backends.cpu.get_cpu_capability(), "x86-64")
+    return next(level for level, (needs, _) in ISA_LEVELS.items() if needs <= flags)
+
+
+def _cpu_flags() -> frozenset[str] | None:
+    """The ``flags`` of the first processor in ``/proc/cpuinfo``, or None where there is none (not Linux)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), None)
+    return frozenset(line.split(":", 1)[1].split()) if line is not None else None
+
+
+@functools.cache
+def host_isa() -> str | None:
+    """This machine's kernel level (:func:`isa_of`), or None off x86-64."""
+    return isa_of(platform.machine(), _cpu_flags())
 
 
 def cpu_ops(name: str, fallback: str, register_fakes: Callable[[], None] | None = None) -> Any:
@@ -59,22 +110,28 @@ def _headers_digest() -> str:
 
 
 def _build(name: str, fallback: str) -> Any:
+    isa = host_isa()
+    if isa is None:
+        if not _warned_off_x86:
+            _warned_off_x86.append(True)
+            warnings.warn(f"sage_plugin: the CPU kernels are x86-64 only ({platform.machine()} here): torch paths",
+                          stacklevel=4)  # fmt: skip
+        return False
     # importing cpp_extension on a CPU-only machine logs "No CUDA runtime is found" and, with a driver stub, warns
     # that the driver is too old: both true, neither a concern of a CPU build
     log = logging.getLogger("torch.utils.cpp_extension")
     level = log.level
     log.setLevel(logging.ERROR)
-    isa = torch.backends.cpu.get_cpu_capability().lower()
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="CUDA initialization", category=UserWarning)
             from torch.utils.cpp_extension import load
 
             load(
-                name=f"{NAMESPACE}_{name}_{isa}",
+                name=f"{NAMESPACE}_{name}_{isa.replace('-', '_')}",
                 sources=[str(_CSRC / f"{name}.cpp")],
                 # torch rebuilds when a source or a flag changes; the headers' digest as a flag covers them too
-                extra_cflags=["-O3", "-march=native", "-fopenmp", f"-DSAGE_CSRC_HEADERS=0x{_headers_digest()}"],
+                extra_cflags=["-O3", *ISA_LEVELS[isa][1], "-fopenmp", f"-DSAGE_CSRC_HEADERS=0x{_headers_digest()}"],
                 extra_ldflags=["-fopenmp"],
                 is_python_module=False,  # loaded into the process: its TORCH_LIBRARY blocks register the ops
                 verbose=False,

@@ -1,6 +1,7 @@
 // Attention over a paged K/V cache for the few query rows decoding, tree verification and draft steps produce
-// (CPU, float32).  Built for the machine it runs on (-march=native, at first use by torch.utils.cpp_extension;
-// sage_plugin/kernels/paged_attention.py, which documents the arguments and registers the fake kernel).
+// (CPU, float32).  Built for the machine's instruction set level (sage_plugin/kernels/native.py, at first use by
+// torch.utils.cpp_extension; sage_plugin/kernels/paged_attention.py documents the arguments and registers the fake
+// kernel).
 //
 // Request b owns query rows q_row .. q_row + n_q - 1 of q [T, H, D] and keys j < n_keys: key j is read in place from
 // the cache row slots[b, j] of k_buf / v_buf [P, H_kv, D | Dv] when j < n_cached, else from row new_row + j - n_cached

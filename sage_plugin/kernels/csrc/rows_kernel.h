@@ -6,8 +6,8 @@
 // half of a float32, so the products and sums are float32 ones and half the bytes are streamed), both contiguous, M small (decode: 1, a verify: the tree's nodes), K a multiple of 16.
 // A decoder's weights do not stay in cache from one forward to the next, so at a few rows a linear layer is bound by
 // streaming w from memory: every tile of R rows of w is read once and multiplied into MB rows of x at a time (x stays
-// in L1), R x MB vector accumulators in registers.  Built for the machine it runs on (-march=native, compiled at
-// first use by torch.utils.cpp_extension; sage_plugin/kernels/linear.py).
+// in L1), R x MB vector accumulators in registers.  Built for the machine's instruction set level
+// (sage_plugin/kernels/native.py, compiled at first use by torch.utils.cpp_extension; sage_plugin/kernels/linear.py).
 //
 // Reduction order: each output element y[m, n] sums its K products in LANES strided partial sums (k = l, l + LANES,
 // ...) reduced by a fixed halving tree.  That order depends on neither M, nor the row tile it falls in, nor the split

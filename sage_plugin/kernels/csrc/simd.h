@@ -1,7 +1,7 @@
 // The vector type of the plugin's CPU kernels (rows_kernel.h, paged_attention.cpp, llama_decoder.cpp), its fixed-order lane
 // sum, and the attention kernels' score, exponential and value-mix helpers.
 // LANES float32 lanes: 16 where the compiler targets AVX-512, else 8 (AVX2); GCC vector extensions, so the kernels
-// build with -march=native on either.
+// build for each instruction set level sage_plugin/kernels/native.py compiles (avx512, avx2, baseline x86-64).
 #pragma once
 
 #include <immintrin.h>
