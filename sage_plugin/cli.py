@@ -3,6 +3,7 @@
 ``sage bench``        compare ar / chain / static / eagle2 / sage (and ablations) on bundled prompts.
 ``sage train-draft``  distil a draft model for a target (see :mod:`sage_plugin.train.draft`).
 ``sage bench-serving`` SGLang with SAGE vs plain SGLang, side by side (see :mod:`sage_plugin.bench.serving`).
+``sage setup``        convert the bundled target, build the CPU kernels (and the demo VLMs; check SGLang), once.
 ``sage build-vlm``    build the demo VLM SGLang serves on CPU (Qwen-VL on SmolLM2) and its draft; print both paths.
 ``sage trtllm-serve`` TensorRT-LLM's OpenAI server with SAGE (see :mod:`sage_plugin.runtimes.trtllm.serve`).
 """
@@ -211,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     _build_vlm_parser(sub)
     _trtllm_serve_parser(sub)
     _calibrate_parser(sub)
+    from .machine_setup import add_setup_args
+
+    add_setup_args(sub.add_parser("setup", help="convert the bundled target and build the CPU kernels, once"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -226,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
             return trtllm_serve_main(args)
         if args.command == "calibrate":
             return calibrate_main(args)
+        if args.command == "setup":
+            from .machine_setup import setup_main
+
+            return setup_main(args)
         from .train.draft import train_draft
 
         return train_draft(args) or 0

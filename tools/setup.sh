@@ -50,13 +50,10 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libavcodec\.so\.' && command -v apt-get 
     as_root apt-get install -y -qq --no-install-recommends $PKGS >/dev/null \
         || echo "tools/setup.sh: FFmpeg's libraries not installed ($PKGS): video prompts will not decode" >&2
 fi
-$V/python -c "from sage_plugin.models import ensure_smollm2; print('target:', ensure_smollm2())"
-# the CPU kernels (sage_plugin/kernels/csrc: rows, paged attention, Llama decoder, beam level; torch custom ops in the
-# sage_plugin namespace), built once for this machine (about 30 s each) instead of at the first forward
-$V/python -c "from sage_plugin.kernels.linear import rows_kernel; print('rows kernel:', 'built' if rows_kernel() else 'not built: weight-major products')"
-$V/python -c "from sage_plugin.kernels.paged_attention import attention_kernel; print('paged attention kernel:', 'built' if attention_kernel() else 'not built: gather + SDPA')"
-$V/python -c "from sage_plugin.kernels.llama_decoder import decoder_kernel; print('Llama decoder kernel:', 'built' if decoder_kernel() else 'not built: drafts run operator by operator')"
-$V/python -c "from sage_plugin.kernels.beam_level import beam_ops; print('beam level kernel:', 'built' if beam_ops() else 'not built: SAGE levels run operator by operator')"
 if [ "$WITH_SGLANG" = 1 ]; then
     bash tools/setup_sglang.sh .venv .sglang-libcuda
 fi
+# The Python steps (sage_plugin/machine_setup.py): the SmolLM2 target converted once from the GGUF, the CPU kernels
+# (sage_plugin/kernels/csrc) built once for this machine's instruction set level (about 30 s each) instead of at the
+# first forward, and with --sglang a check that SGLang, its entry point and libcuda are in place
+if [ "$WITH_SGLANG" = 1 ]; then $V/sage setup --sglang; else $V/sage setup; fi

