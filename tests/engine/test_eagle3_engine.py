@@ -67,6 +67,7 @@ def _requests(n: int) -> list[GenRequest]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["chain", "sage", "eagle2", "static"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_equals_plain_decoding(setup, policy, batch):

@@ -202,6 +202,7 @@ def test_keep_drafting_asks_whether_the_newest_level_is_in_the_cut():
         assert bool(pol.keep_drafting(pool, level, mild)) == (level in in_cut_depths)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), bsz=st.integers(1, 3), draft_ms=st.floats(0.0, 30.0), slope=st.floats(0.0, 3.0))
 def test_next_level_bound_matches_a_naive_oracle(seed, bsz, draft_ms, slope):

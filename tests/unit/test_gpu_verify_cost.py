@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 
@@ -19,6 +20,7 @@ def _load():
     return gpu_verify_cost
 
 
+@pytest.mark.slow
 def test_dry_run_writes_every_shape(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, str(repo / "tools" / "gpu_verify_cost.py"), "--device", "cpu", "--tiny", "--context", "8",

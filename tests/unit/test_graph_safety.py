@@ -244,6 +244,7 @@ def test_the_guard_lets_static_indexing_through_and_catches_device_moves():
 
 
 # -- (b) everything on the device -------------------------------------------------------------------------------
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None)
 @given(cfg=configs(), bsz=st.integers(1, MAX_BS), steps=st.integers(1, 6))
 def test_per_step_path_on_fake_cuda_keeps_every_tensor_on_the_device(cfg, bsz, steps):
@@ -347,6 +348,7 @@ def captured(case: str):
     return reset_graph, step_graph
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", GRAPH_CASES)
 @settings(max_examples=4, deadline=None)
 @given(seed=st.integers(0, 2**16), first_slot=st.integers(0, NUM_SLOTS - MAX_BS - 1))

@@ -343,6 +343,7 @@ SAGE_VARIANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(SAGE_VARIANTS))
 @settings(max_examples=8, deadline=None)
 @given(

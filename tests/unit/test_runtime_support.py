@@ -110,6 +110,7 @@ def test_every_field_is_declared_by_every_runtime():
         assert not set(support.honours) & set(support.not_read), support.runtime
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", sorted(RUNTIMES))
 @pytest.mark.parametrize(("field", "value"), CASES, ids=[f"{n}={v}" for n, v in CASES])
 def test_field_is_honoured_or_refused_at_launch(runtime, field, value):

@@ -166,6 +166,7 @@ def test_chat_prompts_second_mix_keeps_the_first_and_covers_every_category():
     assert all("\n\n" in p and len(p) > 120 for p in extraction)  # an instruction, then the text to work on
 
 
+@pytest.mark.slow
 def test_chat_prompts_go_past_the_old_cap_of_9110():
     """The pool is no longer capped at 9,110 prompts (a total of 1,000 repeats ended it); the first 9,110, which
     the bundled drafts and the stored answers were made from, are a prefix of the longer list."""
@@ -193,6 +194,7 @@ def test_rare_rows_never_win():
     assert torch.isin((h @ full.t()).argmax(-1), keep).all()
 
 
+@pytest.mark.slow
 def test_train_resume_export_evaluate(tiny_target, tmp_path):
     # A: 6 steps in one go.  B: stop at step 3, then --resume to 6.  Same data order -> same weights.
     out_a, out_b = tmp_path / "a", tmp_path / "b"
@@ -271,6 +273,7 @@ def _eagle3_args(out: Path, target: Path, *extra: str) -> argparse.Namespace:
     return parser.parse_args([x for kv in flags.items() for x in kv] + ["--no-progress", *extra])
 
 
+@pytest.mark.slow
 def test_eagle3_head_end_to_end_and_resume(tiny_target, tmp_path):
     """``--kind eagle3``: answers -> features -> train -> SGLang-format export -> held-out chain figures; resumable."""
     out = tmp_path / "e3"
@@ -446,6 +449,7 @@ def test_gen_url_that_does_not_answer_is_refused(tiny_target, tmp_path):
         server_prefetch(tok, [(["hi"], tmp_path / "g.pt")], args, tiny_target)
 
 
+@pytest.mark.slow
 def test_eagle3_trainer_takes_answers_from_gen_url(tiny_target, fake_server, tmp_path):
     """The EAGLE-3 trainer's answer stage goes to ``--gen-url`` (one request per prompt) and trains on them."""
     out = tmp_path / "e3"
@@ -503,6 +507,7 @@ def test_answers_dir_keeps_answers_for_the_next_run(tiny_target, fake_server, tm
     assert fresh.lookup(labels._chat_ids(tok, msgs[:4])) == store.lookup(labels._chat_ids(tok, msgs[:4]))
 
 
+@pytest.mark.slow
 def test_answers_only_fills_the_store_and_stops(tiny_target, fake_server, tmp_path):
     """``--answers-only``: the shards the run would train on are answered (here by ``--gen-url``) into ``--out/gen``
     and ``--answers-dir``, and nothing else runs (no features, no checkpoint); a second run asks nothing."""
@@ -534,6 +539,7 @@ def test_amp_modes():
         use_amp("fp16", cpu)
 
 
+@pytest.mark.slow
 def test_eagle3_bf16_autocast_trains_float32_weights(tiny_target, tmp_path):
     """``--amp bf16`` on CPU: the same steps as float32 under bf16 autocast (losses close, not equal: the matmuls
     really ran in bf16), and the checkpoint's weights and optimizer moments stay float32."""

@@ -42,6 +42,7 @@ def test_store_is_there_and_well_formed():
     assert len(AnswerStore(store_dir, SMOLLM2, cap)) == len(recs)
 
 
+@pytest.mark.slow
 def test_every_stored_prompt_is_in_the_offline_pool():
     if not (TOKENIZER / "tokenizer.json").is_file():
         pytest.skip("SmolLM2 tokenizer not cached (run sage_plugin.models.ensure_smollm2() once)")

@@ -96,6 +96,7 @@ def tiny(request, tmp_path_factory, prompts):
 # ---------------------------------------------------------------------------------------------
 # tiny VLMs
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_build_is_cached_and_tokenizer_shared(tiny, prompts):
     target_dir, draft_dir = tiny.dirs
     stamp = (target_dir / "config.json").stat().st_mtime_ns
@@ -154,6 +155,7 @@ def test_prefill_layout_and_pruning(tiny, prompts):
         assert res.kv[0][0].shape[2] == seq - n_drop and res.next_pos == pruned.next_pos
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prune", [0.0, 0.8], ids=["full", "pruned0.8"])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_spec_matches_plain(tiny, prompts, policy, prune):
@@ -164,6 +166,7 @@ def test_spec_matches_plain(tiny, prompts, policy, prune):
         assert tokens == tiny.plain, (tiny.kind, policy, prune, batch)
 
 
+@pytest.mark.slow
 def test_a_bfloat16_vlm_draft_narrows_its_language_model_only_and_stays_lossless(tiny, prompts):
     """``cpu_draft_dtype: bfloat16`` on a VLM draft: its language model's linear weights in bfloat16, every other
     linear (vision tower, projector, head) as loaded; still plain decoding's tokens."""
@@ -182,6 +185,7 @@ def test_a_bfloat16_vlm_draft_narrows_its_language_model_only_and_stays_lossless
     assert tokens == tiny.plain
 
 
+@pytest.mark.slow
 def test_self_draft_pruned_accepts(tiny, prompts):
     """The target's own weights on 20% of the visual tokens: real acceptances, still exact."""
     draft = VLMModel(tiny.target, tiny.processor, prune_ratio=0.8, role="draft")
@@ -192,6 +196,7 @@ def test_self_draft_pruned_accepts(tiny, prompts):
         assert _tau(outs) > 0.05
 
 
+@pytest.mark.slow
 def test_text_draft_for_tiny_vlm(tiny, prompts):
     """A text-only LM with the base SmolLM2 vocabulary (49152 < VLM vocabulary) as the draft."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -216,6 +221,7 @@ def test_text_draft_for_tiny_vlm(tiny, prompts):
     assert tokens == tiny.plain
 
 
+@pytest.mark.slow
 def test_video_prompts_prune_at_the_video_ratio_and_match_plain(tiny):
     """Video prompts (bundled clips): plain decoding equals HF ``generate``; a draft pruning images at 0.5 prunes a
     video's tokens at ``prune_ratio_video`` 0.9 and speculative decoding still gives plain decoding's tokens."""
