@@ -121,6 +121,10 @@ class TierCosts:
         old = self._overhead
         self._overhead = seconds if old is None else old + self.smoothing * (seconds - old)
 
+    def cost_classes(self, tier: Tier) -> list[int]:
+        """The size classes where ``tier``'s step cost has samples, ascending."""
+        return sorted(bs for (t, bs) in self._cost if t == tier)
+
     def cost_bound(self, tier: Tier, batch_size: int) -> float | None:
         """A lower bound on ``tier``'s step seconds at ``batch_size``, from the nearest smaller batch size ``b`` where
         it was measured: its cost there, scaled by the smallest tier's growth from ``b`` to ``batch_size`` when that is
@@ -129,7 +133,7 @@ class TierCosts:
         It holds while a larger tier's cost relative to the smallest tier's does not fall as the batch grows (its
         extra verified tokens turn compute-bound first); ``bound_slack`` absorbs this CPU's row-count kinks.
         """
-        smaller = [bs for (t, bs) in self._cost if t == tier and bs < self.size_class(batch_size)]
+        smaller = [bs for bs in self.cost_classes(tier) if bs < self.size_class(batch_size)]
         if not smaller or self.bound_slack >= 1.0:
             return None
         b = max(smaller)

@@ -7,9 +7,46 @@ Worked example: a chooser that ran ``[3, 4]`` 40 times at batch 1 (96.4 ms a ste
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
-__all__ = ["tier_summary"]
+__all__ = ["TierTally", "tier_summary"]
+
+
+class TierTally:
+    """Per tier: the steps run at each size class, and the accepted drafts summed over every request credited to it
+    (the report's ``steps@B`` and ``mean_tokens``; the per_tier estimates' variance bound counts the requests).
+
+    >>> tally = TierTally(["a"])
+    >>> tally.count_step("a", 4); tally.count_step("a", 1); tally.credit("a", [2, 0, 1])
+    >>> tally.steps_at("a"), tally.requests("a"), tally.mean_tokens("a")
+    ({1: 1, 4: 1}, 3, 2.0)
+    """
+
+    def __init__(self, tiers: Iterable[Hashable]) -> None:
+        self._steps_at: dict[tuple[Hashable, int], int] = {}
+        self._lifetime: dict[Hashable, list[int]] = {t: [0, 0] for t in tiers}
+
+    def count_step(self, tier: Hashable, size_class: int) -> None:
+        key = (tier, size_class)
+        self._steps_at[key] = self._steps_at.get(key, 0) + 1
+
+    def credit(self, tier: Hashable, accepted_drafts: Sequence[int]) -> None:
+        """One step's accepted draft counts (bonus token excluded), one per request."""
+        self._lifetime[tier][0] += sum(accepted_drafts)
+        self._lifetime[tier][1] += len(accepted_drafts)
+
+    def steps_at(self, tier: Hashable) -> dict[int, int]:
+        """``{size class: steps}`` of ``tier``, ascending."""
+        return {bs: n for (t, bs), n in sorted(self._steps_at.items(), key=lambda kv: kv[0][1]) if t == tier}
+
+    def requests(self, tier: Hashable) -> int:
+        return self._lifetime[tier][1]
+
+    def mean_tokens(self, tier: Hashable) -> float | None:
+        """Tokens per request over every request credited (accepted drafts + the bonus token; None before any)."""
+        total, n = self._lifetime[tier]
+        return round(1.0 + total / n, 3) if n else None
 
 
 def tier_summary(chooser: Any) -> dict[str, dict[str, float | None]]:
@@ -21,18 +58,15 @@ def tier_summary(chooser: Any) -> dict[str, dict[str, float | None]]:
     regime and the acceptance changes detected (when the chooser keeps them), and the measured catch-up of a lagging
     draft at each size class (``catch_up_ms@B``, once one ran)."""
     out: dict[str, dict[str, float | None]] = {}
-    levels = chooser.acceptance != "per_tier"
     for t in chooser.tiers:
-        steps_at = {bs: n for (tt, bs), n in sorted(chooser._steps_at.items(), key=lambda kv: kv[0][1]) if tt == t}
+        steps_at = chooser.tally.steps_at(t)
         row: dict[str, float | None] = {"tokens": chooser.expected_tokens(t), "steps": sum(steps_at.values())}
-        total, n = chooser._lifetime[t]
-        row["mean_tokens"] = 1.0 if t.off else (round(1.0 + total / n, 3) if n else None)
+        row["mean_tokens"] = 1.0 if t.off else chooser.tally.mean_tokens(t)
         for b in range(chooser.alpha_bins):
-            if not t.off and (chooser.levels.has(chooser._group(t), b) if levels else (t, b) in chooser._accepted_bin):
+            if not t.off and chooser.has_bin_estimate(t, b):
                 row[f"tokens@a{b}"] = round(chooser.expected_tokens(t, (b + 0.5) / chooser.alpha_bins), 3)
-        for tt, bs in sorted(chooser._cost, key=lambda k: k[1]):
-            if tt == t:
-                row[f"ms@{bs}"] = round(1000.0 * chooser.cost(tt, bs), 2)
+        for bs in chooser.cost_classes(t):
+            row[f"ms@{bs}"] = round(1000.0 * chooser.cost(t, bs), 2)
         row.update({f"steps@{bs}": n for bs, n in steps_at.items()})
         out[f"{t.steps}:{t.draft_tokens}"] = row
     overhead = chooser.overhead_seconds()

@@ -60,18 +60,17 @@ runtime's start-up measurement, amortised over the first steps at each batch siz
 it could still win there: its cost at the nearest smaller measured batch size, grown as the smallest tier's cost
 grew since (less ``bound_slack``), bounds its cost from below, and a tier whose rate under that bound cannot beat the
 best rate measured at this size is not run for its price (a traffic ramp through many batch sizes would otherwise
-measure a deep tier that cannot pay at every one of them).  A tier not chosen is
-re-measured (*probed*) once it has not run for its probe gap, so the estimates follow the traffic.  The gap starts
-at ``probe_every`` steps; a probe the tier loses (another tier still rates higher at that batch size once its
-feedback is in) doubles it, up to ``probe_backoff * probe_every``, and a tier that wins (probe or plain choice) is
-back to ``probe_every``.  A deep tier that cannot pay at a large batch costs several off steps per probe; the
-back-off bounds that while a change of traffic is still found within ``probe_backoff * probe_every`` steps.  With
-``probe_confidence`` ``z`` > 0 a probe is lost only if the tier loses even at its :meth:`optimistic_rate` (its
-fastest step there, its tokens ``z`` standard errors high), so a few unlucky early steps, which price a tier high
-and its tokens low, cannot hold it out for a whole run.  Feedback may lag: the runtime calls
-:meth:`TierChooser.choose` when a step starts and :meth:`observe` when its accept counts reach the host, possibly
-after later steps started (overlap scheduling); observations are matched to steps in launch order.  Batch sizes
-that run as one captured shape share their costs (:mod:`.tier_costs`).
+measure a deep tier that cannot pay at every one of them).  A tier not chosen is re-measured (*probed*) once it has not
+run for its probe gap, so the estimates follow the traffic.  The gap starts at ``probe_every`` steps; a probe the tier
+loses (another tier still rates higher at that batch size once its feedback is in) doubles it, up to ``probe_backoff *
+probe_every``, and a tier that wins (probe or plain choice) is back to ``probe_every``.  A deep tier that cannot pay at
+a large batch costs several off steps per probe; the back-off bounds that while a change of traffic is still found
+within ``probe_backoff * probe_every`` steps.  With ``probe_confidence`` ``z`` > 0 a probe is lost only if the tier
+loses even at its :meth:`optimistic_rate` (its fastest step there, its tokens ``z`` standard errors high), so a few
+unlucky early steps, which price a tier high and its tokens low, cannot hold it out for a whole run.  Feedback may lag:
+the runtime calls :meth:`TierChooser.choose` when a step starts and :meth:`observe` when its accept counts reach the
+host, possibly after later steps started (overlap scheduling); observations are matched to steps in launch order.  Batch
+sizes that run as one captured shape share their costs (:mod:`.tier_costs`).
 
 Worked example (two tiers, batch 1)::
 
@@ -92,7 +91,7 @@ from .admission import AdmissionPrice
 from .break_even import BreakEven
 from .tier_costs import Tier, TierCosts, parse_tiers
 from .tier_levels import LevelModel
-from .tier_report import tier_summary
+from .tier_report import TierTally, tier_summary
 
 __all__ = ["ACCEPTANCE_MODELS", "TIER_CONTROLS", "Tier", "TierChooser", "parse_tiers"]
 
@@ -170,9 +169,7 @@ class TierChooser(BreakEven, TierCosts):
         self._probe: tuple[int, Tier, int, int | None] | None = None
         # (step, tier, alpha bin, size class) per step awaiting feedback; a step whose feedback never comes cannot pile up
         self._pending: deque[tuple[int, Tier, int | None, int]] = deque(maxlen=8)
-        self._steps_at: dict[tuple[Tier, int], int] = {}  # steps run per (tier, size class)
-        # per tier: accepted drafts summed over every request of every credited step, and that request count
-        self._lifetime: dict[Tier, list[int]] = {t: [0, 0] for t in self.tiers}
+        self.tally = TierTally(self.tiers)  # steps per size class, accepted drafts per request credited
         self._steps = 0
 
     # -- estimates ----------------------------------------------------------------------------------------
@@ -197,8 +194,13 @@ class TierChooser(BreakEven, TierCosts):
         acc = self._accepted.get(tier) if b is None else self._accepted_bin.get((tier, b), self._accepted.get(tier))
         if acc is None:
             return None
-        n = max(self._lifetime[tier][1], 1)
+        n = max(self.tally.requests(tier), 1)
         return max(1.0, 1.0 + acc + z * (max(acc * (tier.steps - acc), 0.0) / n) ** 0.5)
+
+    def has_bin_estimate(self, tier: Tier, b: int) -> bool:
+        """Whether ``tier``'s acceptance in alpha bin ``b`` has samples of its own (else it falls back)."""
+        per_tier = self.acceptance == "per_tier"
+        return (tier, b) in self._accepted_bin if per_tier else self.levels.has(self._group(tier), b)
 
     def _group(self, tier: Tier) -> int | None:
         """The level model ``tier`` shares: None (every tier, ``pooled``) or its verify width (``width``)."""
@@ -311,8 +313,7 @@ class TierChooser(BreakEven, TierCosts):
                     tier = min(due, key=lambda t: (self._last_used[t], t))
                     self._probe = (self._steps, tier, batch_size, alpha)
         self._last_used[tier] = self._steps
-        key = (tier, self.size_class(batch_size))
-        self._steps_at[key] = self._steps_at.get(key, 0) + 1
+        self.tally.count_step(tier, self.size_class(batch_size))
         self._pending.append((self._steps, tier, b, self.size_class(batch_size)))
         return tier
 
@@ -352,8 +353,7 @@ class TierChooser(BreakEven, TierCosts):
             self.admission.step(not tier.off, sum(accepted_drafts) + len(accepted_drafts) + others)
         if tier.off or not accepted_drafts:
             return tier
-        self._lifetime[tier][0] += sum(accepted_drafts)
-        self._lifetime[tier][1] += len(accepted_drafts)
+        self.tally.credit(tier, accepted_drafts)
         if self.acceptance != "per_tier":
             self.levels.count(self._group(tier), tier.steps, accepted_drafts, size[0] if size else None, b)
             return tier
