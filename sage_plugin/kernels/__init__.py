@@ -15,7 +15,7 @@ of when it runs, and the torch path taken where it does not (or where it cannot 
 * :mod:`.beam_level`: ``beam_level`` / ``level_pays``, one level of SAGE's beam pool (the algorithm core calls them by
   name and keeps its operator path otherwise).
 
-:mod:`.native` is the one loader (``torch.utils.cpp_extension.load`` at first use); ``csrc/`` holds the sources
+:mod:`.native` is the one loader and builder (``sage setup`` builds every library ahead); ``csrc/`` holds the sources
 (``simd.h`` the vector type and fixed-order lane sums, ``rows_kernel.h`` the rows kernel shared by ``rows_linear.cpp``
 and ``llama_decoder.cpp``).  Nothing here imports the rest of the package: torch and the standard library only.
 """

@@ -8,11 +8,15 @@ kernel's Python module registers (``register_fake``) once the library is loaded.
 Each library is compiled by ``torch.utils.cpp_extension.load`` (``-O3 -fopenmp``) for one of three x86-64 instruction
 set levels, :data:`ISA_LEVELS`: ``avx512``, ``avx2`` or the baseline ``x86-64``, the best one whose CPU flags this
 machine has (:func:`host_isa`).  The flags compiled for are explicit (``-march=x86-64`` plus that level's ``-m``
-flags, never ``-march=native``), and the build's name carries the level, so machines sharing a cache directory
-(``~/.cache/torch_extensions``) each load a build whose instructions they all have.  ``tools/setup.sh`` builds them
-once (about 30 s each) instead of at the first forward.  Off x86-64 nothing is compiled: every caller keeps its torch
-path, after one warning per process.  Where a library cannot be built (no compiler, no ninja) its caller keeps its
-torch path, after one warning per library and process.
+flags, never ``-march=native``).  A library is built into its own directory under :data:`KERNELS_DIR`, named after
+the kernel, the level and a digest of its sources and flags (:func:`library_name`): machines sharing a home directory
+each load a build whose instructions they all have, two checkouts of the same sources share one build, and a changed
+source is a new library, never a rebuild of one in use.  A library already built is loaded as it is (no compiler,
+no ninja).  ``sage setup`` builds them all once (about 30 s each); elsewhere a library not built yet is compiled at
+its first use, except where :func:`build_at_first_use` turned that off (every SGLang process the plugin registers
+in: no compiler runs inside a request).  Off x86-64 nothing is compiled: every caller keeps its torch path, after one
+warning per process.  Where a library cannot be built (no compiler, no ninja) or is not built in a process that may
+not build it, its caller keeps its torch path, after one warning per library and process.
 
 Example (the ops of ``csrc/rows_linear.cpp``; None where it cannot be built)::
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import platform
 import threading
 import warnings
@@ -33,7 +38,16 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["ISA_LEVELS", "NAMESPACE", "cpu_ops", "host_isa", "isa_of"]
+__all__ = [
+    "ISA_LEVELS",
+    "KERNELS_DIR",
+    "NAMESPACE",
+    "build_at_first_use",
+    "cpu_ops",
+    "host_isa",
+    "isa_of",
+    "library_name",
+]
 
 #: the custom-op namespace of every kernel: ``torch.ops.sage_plugin.<op>``
 NAMESPACE = "sage_plugin"
@@ -51,9 +65,21 @@ _CAPABILITY_LEVEL = {"AVX512": "avx512", "AVX2": "avx2"}
 _X86_64 = {"x86_64", "amd64"}
 
 _CSRC = Path(__file__).with_name("csrc")
+#: the built libraries, one directory each, per torch version (its C++ ABI); ``SAGE_KERNELS_DIR`` moves the root
+KERNELS_DIR = Path(os.environ.get("SAGE_KERNELS_DIR") or Path.home() / ".cache" / "sage_plugin" / "kernels") / (
+    f"torch-{torch.__version__}"
+)
 _lock = threading.Lock()
 _built: dict[str, Any] = {}  # library name -> the op namespace, or False where it cannot be built
 _warned_off_x86: list[bool] = []  # one warning per process off x86-64
+_may_build: list[bool] = [True]  # whether a library not built yet is compiled at its first use in this process
+
+
+def build_at_first_use(allowed: bool) -> None:
+    """Whether this process compiles a library not built yet when it is first used (the default: the reference engine,
+    the tests), or runs its caller's torch path after one warning naming ``sage setup`` (an SGLang server: its plugin
+    registration turns building off, so no compiler runs inside a request)."""
+    _may_build[0] = allowed
 
 
 def isa_of(machine: str, flags: frozenset[str] | None) -> str | None:
@@ -101,12 +127,18 @@ def cpu_ops(name: str, fallback: str, register_fakes: Callable[[], None] | None 
     return _built[name] or None
 
 
-def _headers_digest() -> str:
-    """The first 16 hex digits of a SHA-256 over ``csrc/*.h`` (names and contents)."""
+def _cflags(isa: str) -> list[str]:
+    return ["-O3", *ISA_LEVELS[isa][1], "-fopenmp"]
+
+
+def library_name(name: str, isa: str) -> str:
+    """The library of kernel ``name`` built for level ``isa``: ``sage_plugin_<name>_<level>_<digest>``, the digest
+    (12 hex digits of a SHA-256) over ``csrc/<name>.cpp``, every ``csrc/*.h`` (names and contents) and the flags."""
     digest = hashlib.sha256()
-    for header in sorted(_CSRC.glob("*.h")):
-        digest.update(header.name.encode() + b"\0" + header.read_bytes())
-    return digest.hexdigest()[:16]
+    for path in [_CSRC / f"{name}.cpp", *sorted(_CSRC.glob("*.h"))]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(" ".join(_cflags(isa)).encode())
+    return f"{NAMESPACE}_{name}_{isa.replace('-', '_')}_{digest.hexdigest()[:12]}"
 
 
 def _build(name: str, fallback: str) -> Any:
@@ -116,6 +148,16 @@ def _build(name: str, fallback: str) -> Any:
             _warned_off_x86.append(True)
             warnings.warn(f"sage_plugin: the CPU kernels are x86-64 only ({platform.machine()} here): torch paths",
                           stacklevel=4)  # fmt: skip
+        return False
+    lib = library_name(name, isa)
+    directory = KERNELS_DIR / lib
+    built = directory / f"{lib}.so"
+    if built.is_file():
+        torch.ops.load_library(str(built))  # its TORCH_LIBRARY blocks register the ops
+        return getattr(torch.ops, NAMESPACE)
+    if not _may_build[0]:
+        warnings.warn(f"sage_plugin: the CPU kernel {name} is not built here (`sage setup` builds it); {fallback}",
+                      stacklevel=4)  # fmt: skip
         return False
     # importing cpp_extension on a CPU-only machine logs "No CUDA runtime is found" and, with a driver stub, warns
     # that the driver is too old: both true, neither a concern of a CPU build
@@ -127,12 +169,13 @@ def _build(name: str, fallback: str) -> Any:
             warnings.filterwarnings("ignore", message="CUDA initialization", category=UserWarning)
             from torch.utils.cpp_extension import load
 
+            directory.mkdir(parents=True, exist_ok=True)
             load(
-                name=f"{NAMESPACE}_{name}_{isa.replace('-', '_')}",
+                name=lib,
                 sources=[str(_CSRC / f"{name}.cpp")],
-                # torch rebuilds when a source or a flag changes; the headers' digest as a flag covers them too
-                extra_cflags=["-O3", *ISA_LEVELS[isa][1], "-fopenmp", f"-DSAGE_CSRC_HEADERS=0x{_headers_digest()}"],
+                extra_cflags=_cflags(isa),
                 extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
                 is_python_module=False,  # loaded into the process: its TORCH_LIBRARY blocks register the ops
                 verbose=False,
             )

@@ -34,12 +34,15 @@ def test_the_level_is_the_best_one_the_cpu_flags_allow(machine, flags, level):
 
 
 @pytest.fixture
-def recorded(monkeypatch):
-    """Every ``load`` call's keyword arguments, with no library built or loaded, and a fresh record of built kernels."""
+def recorded(monkeypatch, tmp_path):
+    """Every ``load`` call's keyword arguments, with no library built or loaded (an empty :data:`KERNELS_DIR`), a
+    fresh record of built kernels, and building at first use allowed."""
     calls: list[dict] = []
     monkeypatch.setattr(ext, "load", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(native, "KERNELS_DIR", tmp_path)
     monkeypatch.setattr(native, "_built", {})
     monkeypatch.setattr(native, "_warned_off_x86", [])
+    monkeypatch.setattr(native, "_may_build", [True])
     return calls
 
 
@@ -50,11 +53,14 @@ def test_a_cpu_of_another_level_gets_its_own_build(monkeypatch, recorded):
         monkeypatch.setattr(native, "host_isa", lambda level=level: level)
         native._built.clear()
         assert native.cpu_ops("rows_linear", "the torch path") is not None
+    levels = ("avx512", "avx2", "x86-64")
     names = [call["name"] for call in recorded]
-    assert names == ["sage_plugin_rows_linear_avx512", "sage_plugin_rows_linear_avx2", "sage_plugin_rows_linear_x86_64"]
-    for call, level in zip(recorded, ("avx512", "avx2", "x86-64")):
+    assert [n.rsplit("_", 1)[0] for n in names] == [f"sage_plugin_rows_linear_{lv.replace('-', '_')}" for lv in levels]
+    assert len(set(names)) == 3 and names == [native.library_name("rows_linear", lv) for lv in levels]
+    for call, level in zip(recorded, levels):
         flags = [f for f in call["extra_cflags"] if f.startswith("-m")]
         assert flags == list(native.ISA_LEVELS[level][1]) and "-march=native" not in call["extra_cflags"]
+        assert call["build_directory"] == str(native.KERNELS_DIR / call["name"])
     assert [f for f in recorded[0]["extra_cflags"] if f.startswith("-mavx512")] and not [
         f for call in recorded[1:] for f in call["extra_cflags"] if "avx512" in f
     ]
@@ -78,3 +84,28 @@ def test_this_machines_level_follows_its_cpu_flags():
     assert native.host_isa() == native.isa_of(native.platform.machine(), flags)
     if flags is not None and native.platform.machine() == "x86_64":
         assert ("avx2" in flags) == (native.host_isa() in ("avx2", "avx512"))
+
+
+def test_a_library_is_named_after_its_sources_not_where_they_live(monkeypatch, tmp_path):
+    """Two checkouts of the same sources share one build; an edited header is another library (never a rebuild of
+    the one another process has loaded)."""
+    import shutil
+
+    copy = tmp_path / "csrc"
+    shutil.copytree(native._CSRC, copy)
+    name = native.library_name("rows_linear", "avx2")
+    monkeypatch.setattr(native, "_CSRC", copy)
+    assert native.library_name("rows_linear", "avx2") == name
+    (copy / "simd.h").write_text((copy / "simd.h").read_text() + "\n// edited\n")
+    assert native.library_name("rows_linear", "avx2") != name
+    assert native.library_name("beam_level", "avx2") != native.library_name("rows_linear", "avx2")
+
+
+def test_where_building_is_off_a_missing_library_is_the_torch_path_and_nothing_compiles(monkeypatch, recorded):
+    """An SGLang server (its registration turns building off): a kernel ``sage setup`` did not build warns once,
+    naming ``sage setup``, and its caller runs the torch path; no compiler is started."""
+    monkeypatch.setattr(native, "host_isa", lambda: "avx2")
+    native.build_at_first_use(False)
+    with pytest.warns(UserWarning, match=r"rows_linear is not built here \(`sage setup` builds it\); the torch path"):
+        assert native.cpu_ops("rows_linear", "the torch path") is None
+    assert native.cpu_ops("rows_linear", "the torch path") is None and recorded == []

@@ -151,9 +151,11 @@ def test_a_machine_without_the_kernel_takes_weight_major(monkeypatch):
     torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-4)
 
 
-def test_a_failed_build_warns_once_and_is_not_retried(monkeypatch):
+def test_a_failed_build_warns_once_and_is_not_retried(monkeypatch, tmp_path):
     import torch.utils.cpp_extension as ext
 
+    monkeypatch.setattr(native, "KERNELS_DIR", tmp_path)  # nothing built there
+    monkeypatch.setattr(native, "_may_build", [True])
     calls = []
     monkeypatch.setattr(ext, "load", lambda **kw: calls.append(kw["name"]) or (_ for _ in ()).throw(OSError("no c++")))
     monkeypatch.delitem(native._built, "rows_linear", raising=False)

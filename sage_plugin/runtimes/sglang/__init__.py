@@ -102,6 +102,9 @@ def register() -> None:
     from .hooks import install_hooks
 
     install_hooks()
+    from sage_plugin.kernels.native import build_at_first_use
+
+    build_at_first_use(False)  # a kernel `sage setup` did not build runs its torch path: no compiler in a request
     _register_cpu_ops()
     _register_algorithm()
     _registered = True

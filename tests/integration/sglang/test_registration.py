@@ -67,6 +67,8 @@ out["is_cpu"] = is_cpu()
 import logging
 out["log_level"] = logging.getLevelName(logging.getLogger("sage_plugin").level)
 out["cpu_ops"] = [n for n in ("verify_tree_greedy_cpu", "build_tree_kernel_efficient_cpu") if hasattr(torch.ops.sgl_kernel, n)]
+from sage_plugin.kernels import native
+out["kernels_built_at_first_use"] = native._may_build[0]
 print("RESULT " + json.dumps(out))
 """
 
@@ -110,6 +112,12 @@ def test_sage_log_level(fresh):
 
 def test_flags_reach_the_record_in_a_fresh_process(fresh):
     assert fresh["stash"] == {"w_max": 4}
+
+
+def test_no_kernel_is_compiled_in_a_process_sglang_registered_sage_in(fresh):
+    """A server process loads the CPU kernels ``sage setup`` built and never starts a compiler: a kernel not built
+    runs its torch path (tests/unit/test_kernel_isa.py checks that path)."""
+    assert fresh["kernels_built_at_first_use"] is False
 
 
 def test_cpu_ops_registered_on_cpu(fresh):
