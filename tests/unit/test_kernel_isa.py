@@ -58,7 +58,7 @@ def test_a_cpu_of_another_level_gets_its_own_build(monkeypatch, recorded):
     assert [n.rsplit("_", 1)[0] for n in names] == [f"sage_plugin_rows_linear_{lv.replace('-', '_')}" for lv in levels]
     assert len(set(names)) == 3 and names == [native.library_name("rows_linear", lv) for lv in levels]
     for call, level in zip(recorded, levels):
-        flags = [f for f in call["extra_cflags"] if f.startswith("-m")]
+        flags = [f for f in call["extra_cflags"] if f.startswith("-m") and not f.startswith("-mtune")]
         assert flags == list(native.ISA_LEVELS[level][1]) and "-march=native" not in call["extra_cflags"]
         assert call["build_directory"] == str(native.KERNELS_DIR / call["name"])
     assert [f for f in recorded[0]["extra_cflags"] if f.startswith("-mavx512")] and not [
