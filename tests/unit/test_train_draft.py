@@ -167,9 +167,9 @@ def test_chat_prompts_second_mix_keeps_the_first_and_covers_every_category():
 
 
 @pytest.mark.slow
-def test_chat_prompts_go_past_the_old_cap_of_9110():
-    """The pool is no longer capped at 9,110 prompts (a total of 1,000 repeats ended it); the first 9,110, which
-    the bundled drafts and the stored answers were made from, are a prefix of the longer list."""
+def test_chat_prompts_past_9110_keep_the_first_9110_as_a_prefix():
+    """The pool goes past 9,110 prompts, and the first 9,110, which the bundled drafts and the stored answers were
+    made from, are a prefix of the longer list."""
     from sage_plugin.data.prompts import load_prompts
 
     big = chat_prompts(9110 + 400, seed=0)
