@@ -14,9 +14,9 @@ SGLang's CPU engine.  So README's single test command also runs the SGLang tier.
 whole test run (below).
 
 Tests come in tiers, marked here from where they live (``pytest -m``; CONTRIBUTING.md gives each tier's command and
-wall time): ``unit`` (tests/unit and the doctests under sage_plugin/ and tests/oracles: no real model, no server), ``engine``
-(tests/engine: the real SmolLM2 in this process), ``sglang`` (tests/integration/sglang: real SGLang servers).  ``slow``
-is marked by hand on tests that take more than a few seconds on a 2-core CPU.
+wall time): ``unit`` (tests/unit and the doctests under sage_plugin/ and tests/oracles: no real model, no server),
+``engine`` (tests/engine: the real SmolLM2 in this process), ``sglang`` (tests/integration/sglang: real SGLang
+servers).  ``slow`` is marked by hand on tests that take more than a few seconds on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ elif ctypes.util.find_library("cuda") is None and (lib := unpacked_libcuda(REPO 
 
 # Each SGLang server (and each torch.distributed rank) the tests start runs its torch ops on OpenMP threads bound to
 # every core; libgomp's default waits by spinning, so two busy processes on a 2-core machine spin against each other
-# and run about 4x slower together than passive waiting lets them (docs/user-guide/serving-sglang.md, "Troubleshooting").  Set after
-# this process loaded torch, so only the processes the tests start wait passively.
+# and run about 4x slower together than passive waiting lets them (docs/user-guide/serving-sglang.md,
+# "Troubleshooting").  Set after this process loaded torch, so only the processes the tests start wait passively.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 #: tier marker of each test directory (paths relative to the repository)
@@ -72,7 +72,7 @@ def tier_of(path: Path) -> str | None:
     >>> tier_of(REPO / "tests/integration/sglang/test_launch.py"), tier_of(REPO / "sage_plugin/core/entropy.py")
     ('sglang', 'unit')
     """
-    rel = path.resolve().relative_to(REPO).as_posix() if path.is_absolute() else path.as_posix()
+    rel = path.resolve().relative_to(REPO).as_posix()
     found = [d for d in TIERS if rel.startswith(d + "/")]
     return TIERS[max(found, key=len)] if found else None
 

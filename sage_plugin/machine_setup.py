@@ -43,24 +43,25 @@ def _target(cache: Path) -> str:
 
 
 def _kernels() -> Iterator[tuple[str, bool, str]]:
-    """``(kernel, built, what runs)`` for each CPU kernel, as each is built (or found built)."""
+    """``(kernel, built, what)`` for each CPU kernel, as each is built (or found built); a kernel not built carries
+    its loader's warning, which names the torch path that runs instead."""
     from .kernels.beam_level import beam_ops
     from .kernels.linear import rows_kernel
     from .kernels.llama_decoder import decoder_kernel
     from .kernels.paged_attention import attention_kernel
 
-    loaders: list[tuple[str, Callable[[], object], str]] = [
-        ("rows linear", rows_kernel, "weight-major products"),
-        ("paged attention", attention_kernel, "gather + SDPA"),
-        ("Llama decoder", decoder_kernel, "drafts run operator by operator"),
-        ("beam level", beam_ops, "SAGE levels run operator by operator"),
+    loaders: list[tuple[str, Callable[[], object]]] = [
+        ("rows linear", rows_kernel),
+        ("paged attention", attention_kernel),
+        ("Llama decoder", decoder_kernel),
+        ("beam level", beam_ops),
     ]
-    for name, load, instead in loaders:
+    for name, load in loaders:
         with warnings.catch_warnings(record=True) as caught:  # the loader's warning becomes this step's line
             warnings.simplefilter("always")
             built = load() is not None
         why = "; ".join(str(w.message) for w in caught)
-        yield name, built, "built" if built else f"not built ({why or 'unavailable'}): {instead}"
+        yield name, built, "built" if built else f"not built: {why or 'unavailable in this process'}"
 
 
 def sglang_problems(libcuda_dir: Path, *, driver: bool | None = None) -> list[str]:

@@ -8,8 +8,9 @@ CPU) picks the path:
 
 * **1..** :data:`KERNEL_MAX_ROWS` **rows: the rows kernel** (the custom op ``torch.ops.sage_plugin.rows_linear``,
   ``csrc/rows_linear.cpp``, built for this machine's instruction set level at first use
-  (:mod:`~sage_plugin.kernels.native`); ``tools/setup.sh`` builds it once), where the inner size is a multiple of 16 and no gradient is wanted.  Every tile of the weight is read once, prefetched ahead, and multiplied into four rows
-  of ``x`` at a time in vector registers; each loaded vector stays in a register for every row it multiplies
+  (:mod:`~sage_plugin.kernels.native`); ``sage setup`` builds it once), where the inner size is a multiple of 16 and
+  no gradient is wanted.  Every tile of the weight is read once, prefetched ahead, and multiplied into four rows of
+  ``x`` at a time in vector registers; each loaded vector stays in a register for every row it multiplies
   (``simd.h``, ``in_register``), so past 4 rows the loop is bound by arithmetic rather than by loads.  It is
   **batch-invariant**: a row's result does not depend on the other rows of the call (each output sums its products
   in one fixed order, 16 at a time in vector registers), so a tree verify computes the same logits for a token as the
@@ -21,8 +22,8 @@ CPU) picks the path:
 
 :data:`KERNEL_MAX_ROWS` is 32 on AVX-512 (there the kernel's 16-lane build ties ``F.linear`` near 48 rows, and
 weight-major is slower than ``F.linear``), :data:`MAX_ROWS` on AVX2 (the 8-lane build is the fastest of the three
-products up to 64 rows) and 0 on a baseline x86-64 CPU or off x86-64.  ``python -m sage_plugin.bench.linear_curve`` times the three products
-by rows on the machine it runs on (``docs/benchmarks.md``, "Linear layers by rows").
+products up to 64 rows) and 0 on a baseline x86-64 CPU or off x86-64.  ``python -m sage_plugin.bench.linear_curve``
+times the three products by rows on the machine it runs on (``docs/benchmarks.md``, "Linear layers by rows").
 
 Every consumer, plain decoding included, takes the same rule: the reference engine's models and EAGLE-3 heads
 (:func:`sage_plugin.engines.lm.use_fast_linears`), and SGLang's linear methods and ``LogitsProcessor`` on CPU
