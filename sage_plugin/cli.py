@@ -3,7 +3,7 @@
 ``sage bench``        compare ar / chain / static / eagle2 / sage (and ablations) on bundled prompts.
 ``sage train-draft``  distil a draft model for a target (see :mod:`sage_plugin.train.draft`).
 ``sage bench-serving`` SGLang with SAGE vs plain SGLang, side by side (see :mod:`sage_plugin.bench.serving`).
-``sage setup``        convert the bundled target, build the CPU kernels (and the demo VLMs; check SGLang), once.
+``sage setup``        install the demo, convert the target, build the CPU kernels (and the demo VLMs; check SGLang), once.
 ``sage build-vlm``    build the demo VLM SGLang serves on CPU (Qwen-VL on SmolLM2) and its draft; print both paths.
 ``sage trtllm-serve`` TensorRT-LLM's OpenAI server with SAGE (see :mod:`sage_plugin.runtimes.trtllm.serve`).
 """
@@ -214,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     _calibrate_parser(sub)
     from .machine_setup import add_setup_args
 
-    add_setup_args(sub.add_parser("setup", help="convert the bundled target and build the CPU kernels, once"))
+    add_setup_args(
+        sub.add_parser("setup", help="install the demo, convert the bundled target and build the CPU kernels, once")
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:

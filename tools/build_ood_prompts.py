@@ -1,4 +1,4 @@
-"""Build the out-of-domain prompt set: ``sage_plugin/assets/data/prompts/ood_prompts.jsonl`` (100 prompts).
+"""Build the out-of-domain prompt set: ``demo/sage_plugin_demo/data/prompts/ood_prompts.jsonl`` (100 prompts).
 
 Five task types unlike the bundled draft's training data (``sage_plugin/train``: templated chat requests, role-play,
 code, knowledge and advice questions, templated math, and summaries / extractions of CPython docstrings), 20 prompts
@@ -27,7 +27,7 @@ import random
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "sage_plugin" / "assets" / "data" / "prompts" / "ood_prompts.jsonl"
+OUT = Path(__file__).resolve().parents[1] / "demo" / "sage_plugin_demo" / "data" / "prompts" / "ood_prompts.jsonl"
 OWN = "written for this project (tools/build_ood_prompts.py); Apache-2.0"
 
 SUMMARY_INSTRUCTIONS = (

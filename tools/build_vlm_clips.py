@@ -1,12 +1,12 @@
-"""Build the bundled demo video clips, ``sage_plugin/assets/data/vlm/videos/*.mp4``, from the bundled photos.
+"""Build the bundled demo video clips, ``demo/sage_plugin_demo/data/vlm/videos/*.mp4``, from the bundled photos.
 
-Each clip is a slow camera move over one openly licensed photo already bundled in ``assets/data/vlm`` (a pan or a
-zoom: a crop box moved linearly from ``start`` to ``end``, both ``(left, top, right, bottom)`` as fractions of the
+Each clip is a slow camera move over one openly licensed photo already bundled in
+``demo/sage_plugin_demo/data/vlm`` (a pan or a zoom: a crop box moved linearly from ``start`` to ``end``, both ``(left, top, right, bottom)`` as fractions of the
 photo), 16 frames at 8 fps (2 s), 160x120, H.264 in MP4 (torchcodec's encoder over FFmpeg's libx264, CRF 23; its
 bytes differ a little from run to run).  The clips inherit the photo's licence (CC0 or public domain: ``videos/README.md``).  Run once, offline; the clips
 are committed, so nothing here runs in tests::
 
-    python tools/build_vlm_clips.py          # rewrites assets/data/vlm/videos/*.mp4
+    python tools/build_vlm_clips.py          # rewrites demo/sage_plugin_demo/data/vlm/videos/*.mp4
 
 Needs torchcodec with FFmpeg's shared libraries (``tools/setup.sh`` installs them on Debian).
 """
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-VLM = Path(__file__).resolve().parents[1] / "sage_plugin" / "assets" / "data" / "vlm"
+VLM = Path(__file__).resolve().parents[1] / "demo" / "sage_plugin_demo" / "data" / "vlm"
 FRAMES, FPS, SIZE = 16, 8, (160, 120)
 
 #: clip name -> (photo under vlm/, crop box at the first frame, crop box at the last frame)

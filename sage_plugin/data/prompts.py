@@ -1,7 +1,7 @@
 """Evaluation prompts bundled with the package, as chat messages.
 
-The data lives in ``sage_plugin/assets/data`` (sources, licences and the one modified file are
-listed in ``assets/data/SOURCES.md``).  Five sets are available:
+The data lives in the demo distribution's ``data`` folder (:func:`data_dir`; ``demo/sage_plugin_demo/data`` in a
+checkout; sources, licences and the one modified file are listed in its ``SOURCES.md``).  Five sets are available:
 
 ============  =====  ==========================================================================
 dataset       count  user message (one turn, ``role="user"``)
@@ -13,14 +13,14 @@ dataset       count  user message (one turn, ``role="user"``)
                      HumanEval ``prompt`` + ``"```"`` (every ``prompt`` already ends with a
                      newline, so the fence closes on its own line); id = ``task_id``
 ``vlm``          24  the question ``text`` verbatim; :attr:`Prompt.image` is the image path
-                     (absolute, resolved under ``assets/data/vlm``); id = ``question_id``
+                     (absolute, resolved under ``data/vlm``); id = ``question_id``
 ``vlm-video``     6  the question ``text`` verbatim; :attr:`Prompt.video` is the clip's path (a
-                     2 s MP4 under ``assets/data/vlm/videos``); id = ``question_id``
+                     2 s MP4 under ``data/vlm/videos``); id = ``question_id``
 ============  =====  ==========================================================================
 
 Besides, :func:`ood_prompts` reads the out-of-domain set (100 prompts of five task types unlike the bundled draft's
 training data: summaries and questions over passages, translations, word problems, table questions; written for the
-project, ``assets/data/SOURCES.md``).
+project, ``data/SOURCES.md``).
 
 No system message is added: the tokenizer's chat template supplies its default one, if any.
 Prompts come in file order and ``limit`` keeps the first N, so every call is deterministic::
@@ -39,11 +39,11 @@ import json
 import mimetypes
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
+from ..demo_assets import demo_path
 
 __all__ = [
     "DATASETS",
@@ -74,7 +74,7 @@ GSM8K_SUFFIX = "\nAnswer step by step."
 HUMANEVAL_PREFIX = "Complete the following Python function.\n\n```python\n"
 HUMANEVAL_SUFFIX = "```"
 
-# dataset -> file, relative to assets/data
+# dataset -> file, relative to data_dir()
 _FILES: dict[str, str] = {
     "mt_bench": "prompts/mt_bench.jsonl",
     "gsm8k": "prompts/gsm8k_200.jsonl",
@@ -111,12 +111,9 @@ class Prompt:
 
 
 def data_dir() -> Path:
-    """The bundled ``assets/data`` folder, located relative to the installed package."""
-    root = resources.files("sage_plugin")
-    if isinstance(root, Path):
-        return root / "assets" / "data"
-    # Not a plain directory (e.g. a zip import): fall back to this file's location.
-    return Path(__file__).resolve().parent.parent / "assets" / "data"
+    """The demo distribution's ``data`` folder; :class:`~sage_plugin.demo_assets.DemoAssetsMissing` naming the
+    install command when the demo is not installed."""
+    return demo_path("data")
 
 
 @functools.lru_cache(maxsize=None)
@@ -192,7 +189,7 @@ def mixed_text_prompts(n: int) -> list[Prompt]:
     return out
 
 
-#: the out-of-domain prompt set, relative to assets/data (built by tools/build_ood_prompts.py)
+#: the out-of-domain prompt set, relative to data_dir() (built by tools/build_ood_prompts.py)
 OOD_FILE = "prompts/ood_prompts.jsonl"
 
 

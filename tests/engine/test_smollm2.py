@@ -75,7 +75,7 @@ def test_bundled_draft_is_a_plain_hf_llama_and_is_lossless_and_accepted(setup):
 
     _, tok, target, reqs = setup
     draft_dir = bundled_draft_dir()
-    assert draft_dir is not None, "sage_plugin/assets/drafts/smollm2-draft is missing"
+    assert draft_dir is not None, "demo/sage_plugin_demo/drafts/smollm2-draft is missing"
     assert (draft_dir / "model.safetensors").stat().st_size <= 32 * 1024 * 1024
     assert "## Measured" in (draft_dir / "README.md").read_text()
     cfg = json.loads((draft_dir / "config.json").read_text())

@@ -6,7 +6,7 @@ Layers (a module imports only from lower layers or its own package; ``docs/desig
     5  bench, train, config_reference, machine_setup
     4  engines, runtimes
     3  support, compat, models, data
-    2  config
+    2  config, demo_assets
     1  serving                   (torch and the standard library, and the core)
     0  core, kernels             (torch, numpy and the standard library only; neither imports the other)
 
@@ -35,6 +35,7 @@ LAYERS = {
     "kernels": 0,
     "serving": 1,
     "config": 2,
+    "demo_assets": 2,
     "support": 3,
     "compat": 3,
     "models": 3,
@@ -211,13 +212,15 @@ _OUTSIDE = re.compile(
     r"SGLANG_0\.5\.23_NOTES|MODELS\.md|[Hh]ouse style|\.\./shared|shared/design"
 )
 _DOC_PATH = re.compile(
-    r"(?<![\w/.-])((?:docs|patches|engine_configs|tools|tests|sage_plugin)/[\w./-]+\.(?:md|yaml|py|sh))"
+    r"(?<![\w/.-])((?:docs|patches|engine_configs|tools|tests|sage_plugin|demo)/[\w./-]+\.(?:md|yaml|py|sh))"
 )
 
 
 def _shipped_text_files():
     yield REPO / "README.md"
     yield REPO / "CHANGELOG.md"
+    yield REPO / "CONTRIBUTING.md"
+    yield REPO / "demo" / "README.md"
     yield from sorted((REPO / "docs").rglob("*.md"))
     yield from sorted((REPO / "patches").glob("*.md"))
     yield from sorted(PACKAGE.rglob("*.py"))

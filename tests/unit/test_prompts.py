@@ -1,4 +1,4 @@
-"""Bundled evaluation prompts and images (sage_plugin/assets/data) and their loaders."""
+"""Bundled evaluation prompts and images (the demo's data, demo/sage_plugin_demo/data) and their loaders."""
 
 from __future__ import annotations
 

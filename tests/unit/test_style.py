@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TARGETS = ["sage_plugin", "tests", "conftest.py"]
+TARGETS = ["sage_plugin", "demo", "tests", "conftest.py"]
 
 
 def _ruff(*args: str) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ row); several images or a video's frames take its ``pad`` path (one tile each; a
 Example (what :func:`ensure_llava_ov_smollm2` does, once per cache)::
 
     target = build_llava_ov_smollm2(ensure_smollm2(), cache / "llava-ov-smollm2-135m")
-    draft = build_vlm_text_draft(bundled_draft_dir(), target, cache / "smollm2-draft-for-llava-ov")
+    draft = build_vlm_text_draft(require_bundled("smollm2-draft"), target, cache / "smollm2-draft-for-llava-ov")
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from sage_plugin.models import DEFAULT_CACHE_DIR, bundled_draft_dir, ensure_smollm2
+from sage_plugin.models import DEFAULT_CACHE_DIR, ensure_smollm2, require_bundled
 
 from .qwen_smollm2 import _pad_rows, _save, build_vlm_text_draft
 
@@ -132,7 +132,5 @@ def ensure_llava_ov_smollm2(cache_dir: Path = DEFAULT_CACHE_DIR) -> tuple[Path, 
     """``(target_dir, draft_dir)``: the LLaVA-OV-on-SmolLM2 target and the bundled SmolLM2 draft padded to its
     vocabulary (the draft reads one placeholder id per visual position), built once under ``cache_dir``."""
     target = build_llava_ov_smollm2(ensure_smollm2(cache_dir), Path(cache_dir) / "llava-ov-smollm2-135m")
-    draft_src = bundled_draft_dir()
-    if draft_src is None:
-        raise FileNotFoundError("the bundled SmolLM2 draft is missing from the package (sage_plugin/assets/drafts)")
+    draft_src = require_bundled("smollm2-draft")
     return target, build_vlm_text_draft(draft_src, target, Path(cache_dir) / "smollm2-draft-for-llava-ov")

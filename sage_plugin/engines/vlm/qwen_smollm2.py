@@ -20,8 +20,8 @@ so SGLang's ``LlamaForCausalLMEagle3`` reads the multimodal M-RoPE positions as 
 Example (what :func:`ensure_qwen_vl_smollm2` and :func:`ensure_qwen_vl_eagle3` do, once per cache)::
 
     target = build_qwen_vl_smollm2(ensure_smollm2(), cache / "qwen2-vl-smollm2-135m", kind="qwen2_vl")
-    draft = build_vlm_text_draft(bundled_draft_dir(), target, cache / "smollm2-draft-for-qwen-vl")
-    head = build_vlm_eagle3_head(bundled_eagle3_dir(), target, cache / "smollm2-eagle3-for-qwen2-vl")
+    draft = build_vlm_text_draft(require_bundled("smollm2-draft"), target, cache / "smollm2-draft-for-qwen-vl")
+    head = build_vlm_eagle3_head(require_bundled("smollm2-eagle3"), target, cache / "smollm2-eagle3-for-qwen2-vl")
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ import torch
 
 from sage_plugin.models import (
     DEFAULT_CACHE_DIR,
-    bundled_draft_dir,
-    bundled_eagle3_dir,
     ensure_smollm2,
+    require_bundled,
     truncated_draft,
 )
 
@@ -280,9 +279,7 @@ def build_vlm_eagle3_head(head_dir: Path, target_dir: Path, out_dir: Path) -> Pa
 def ensure_qwen_vl_eagle3(kind: str = "qwen2_5_vl", cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
     """The bundled SmolLM2 EAGLE-3 head fitted to the Qwen-VL-on-SmolLM2 target of ``kind``
     (:func:`build_vlm_eagle3_head`), built once under ``cache_dir``."""
-    head = bundled_eagle3_dir()
-    if head is None:
-        raise FileNotFoundError("the bundled SmolLM2 EAGLE-3 head is missing from the package (sage_plugin/assets)")
+    head = require_bundled("smollm2-eagle3")
     target, _ = ensure_qwen_vl_smollm2(kind, cache_dir)
     return build_vlm_eagle3_head(head, target, Path(cache_dir) / f"smollm2-eagle3-for-{target.name}")
 
@@ -295,9 +292,7 @@ def ensure_qwen_vl_smollm2(kind: str = "qwen2_vl", cache_dir: Path = DEFAULT_CAC
     template = target / "chat_template.jinja"  # a target built before the template placed videos gets it now
     if template.is_file() and template.read_text() != _CHAT_TEMPLATE:
         template.write_text(_CHAT_TEMPLATE)
-    draft_src = bundled_draft_dir()
-    if draft_src is None:
-        raise FileNotFoundError("the bundled SmolLM2 draft is missing from the package (sage_plugin/assets/drafts)")
+    draft_src = require_bundled("smollm2-draft")
     # the two kinds add the same four tokens in the same order: one padded draft serves both
     return target, build_vlm_text_draft(draft_src, target, Path(cache_dir) / "smollm2-draft-for-qwen-vl")
 

@@ -48,7 +48,7 @@ def add_eagle3_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _hot_ids(args, store, ckpt: Path, vocab: int, tokenizer) -> torch.Tensor:
-    from sage_plugin.models import draft_head_ids
+    from sage_plugin.models import bundled_draft_dir, draft_head_ids
 
     from .loop import hot_vocabulary
 
@@ -58,8 +58,9 @@ def _hot_ids(args, store, ckpt: Path, vocab: int, tokenizer) -> torch.Tensor:
     always = sorted(
         {i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) if i is not None}
     )
-    bundled = draft_head_ids(Path(__file__).resolve().parents[2] / "assets" / "drafts" / "smollm2-draft")
-    return hot_vocabulary(store, vocab, args.head_vocab, always, prior=bundled)
+    bundled = bundled_draft_dir()
+    prior = draft_head_ids(bundled) if bundled is not None else None
+    return hot_vocabulary(store, vocab, args.head_vocab, always, prior=prior)
 
 
 def train_eagle3(args, target_dir: Path, tokenizer) -> int:
