@@ -30,10 +30,20 @@ import torch
 
 from ..core.cost import RoundCost, interpolate
 
-__all__ = ["CostSamples", "TimedForwards", "WINDOW"]
+__all__ = ["CostSamples", "TimedForwards", "WINDOW", "timed_ms"]
 
 #: timings kept per size: the median of the last WINDOW (start-up samples included until pushed out)
 WINDOW = 9
+
+
+def timed_ms(fn, sync, *args):
+    """``(fn(*args), milliseconds)``: the wall time between two ``sync()`` (the device's queue drained before and
+    after), how every forward the reference engine prices is timed."""
+    sync()
+    t0 = time.perf_counter()
+    out = fn(*args)
+    sync()
+    return out, (time.perf_counter() - t0) * 1e3
 
 
 @dataclass(slots=True)
@@ -75,13 +85,10 @@ class CostSamples:
         self.draft.setdefault(width, deque(maxlen=WINDOW)).append(float(ms))
 
     def timed(self, forward, kind: str, size: int, sync, *args):
-        """``forward(*args)`` (a model's forward), its wall time (between two ``sync()``) added as ``kind``
+        """``forward(*args)`` (a model's forward), its wall time (:func:`timed_ms`) added as ``kind``
         ``verify`` of ``size`` draft nodes or ``draft`` of ``size`` tokens per request."""
-        sync()
-        t0 = time.perf_counter()
-        out = forward(*args)
-        sync()
-        (self.add_verify if kind == "verify" else self.add_draft)(size, (time.perf_counter() - t0) * 1e3)
+        out, ms = timed_ms(forward, sync, *args)
+        (self.add_verify if kind == "verify" else self.add_draft)(size, ms)
         return out
 
     def end_round(self) -> bool:

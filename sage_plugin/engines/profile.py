@@ -8,12 +8,11 @@ reported by ``sage bench`` as ``profile_s``), like SGLang's CUDA-graph capture a
 
 from __future__ import annotations
 
-import time
 from typing import Iterator, Sequence, TypeVar
 
 import torch
 
-from .cost_samples import CostSamples
+from .cost_samples import CostSamples, timed_ms
 from .kv import SeqState
 from .lm import EngineModel
 
@@ -35,11 +34,7 @@ def _forward_ms(forward, state: SeqState, q: int, sync) -> float:
     pos = state.next_pos[:, None] + torch.arange(q, device=dev)
     causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril().expand(bsz, q, q)
     mask = state.attention_mask(causal, torch.ones(bsz, q, dtype=torch.bool, device=dev))
-    sync()
-    t0 = time.perf_counter()
-    forward(state, ids, pos, mask)
-    sync()
-    ms = (time.perf_counter() - t0) * 1e3
+    _, ms = timed_ms(forward, sync, state, ids, pos, mask)
     state.compact(slack=0.0)  # drop the uncommitted rows again
     return ms
 

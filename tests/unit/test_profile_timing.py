@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sage_plugin.core.cost import cheapest_at_least
-from sage_plugin.engines import profile
+from sage_plugin.engines import cost_samples, profile
 
 
 class _State:
@@ -37,7 +37,7 @@ def drifting(monkeypatch):
     """A fake clock: every forward of ``tokens`` rows costs ``_true_ms(tokens)`` times a factor that grows 1.5% per
     forward (a VM slowing down); a draft forward of w rows 2 + 0.1 w ms times the same factor."""
     now, calls = [0.0], [0]
-    monkeypatch.setattr(profile, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(cost_samples, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))  # timed_ms
 
     def fwd(base):
         def forward(state, ids, pos, mask):
