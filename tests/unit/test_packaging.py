@@ -70,7 +70,7 @@ def test_the_plugin_wheel_is_lean_and_has_the_kernel_sources_and_the_sglang_entr
     assert "[sglang.srt.plugins]\nsage = sage_plugin.runtimes.sglang:register" in entry_points
     requires = _metadata(wheel).get_all("Requires-Dist")
     always = sorted(re.split(r"[<>=!~;\[ ]", r)[0] for r in requires if "extra ==" not in r)
-    assert always == ["pyyaml", "torch", "tqdm"]  # no transformers, no ninja: those are the demo's
+    assert always == ["numpy", "pyyaml", "torch", "tqdm"]  # no transformers, no ninja: those are the demo's
     assert f'sglang=={SGLANG_VERSION}; extra == "sglang"' in requires
     assert any(r.startswith("tensorrt-llm") and 'extra == "trtllm"' in r for r in requires)
 
