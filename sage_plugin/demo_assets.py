@@ -22,6 +22,8 @@ __all__ = ["DISTRIBUTION", "DemoAssetsMissing", "demo_path", "demo_root", "demo_
 #: the distribution holding the demo's weights and data, and its import name
 DISTRIBUTION = "sage-plugin-demo"
 PACKAGE = "sage_plugin_demo"
+#: the folder holding this package: a checkout when the plugin is installed from one (``pip install -e .``)
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 class DemoAssetsMissing(FileNotFoundError):
@@ -40,7 +42,7 @@ def demo_root() -> Path | None:
 def demo_source(cwd: Path | None = None) -> Path | None:
     """The checkout's ``demo/`` folder: beside this package when it is installed from a checkout (``pip install
     -e .``), else under ``cwd`` (default: the working directory); None when neither has one."""
-    for base in (Path(__file__).resolve().parents[1], cwd or Path.cwd()):
+    for base in (CHECKOUT, cwd or Path.cwd()):
         if (base / "demo" / "pyproject.toml").is_file() and (base / "demo" / PACKAGE).is_dir():
             return base / "demo"
     return None

