@@ -58,8 +58,10 @@ COMMAND = "python -m sage_plugin.config_reference > docs/reference/configuration
 
 @dataclass(frozen=True)
 class FieldRow:
-    """One field as the page shows it."""
+    """One field as the page shows it: ``group`` is the comment title it sits under, ``section`` the config section
+    holding it (``algorithm``, ``serving``, ...)."""
 
+    group: str
     section: str
     name: str
     meaning: str
@@ -149,18 +151,22 @@ def _show_default(value: Any) -> str:
     return str(value)
 
 
-def field_rows(cls: type = SageConfig, tables: tuple[RuntimeSupport, ...] = RUNTIME_TABLES) -> Iterator[FieldRow]:
-    """One :class:`FieldRow` per field of ``cls``, in declaration order (a dataclass-valued field: its fields)."""
+def field_rows(
+    cls: type = SageConfig, tables: tuple[RuntimeSupport, ...] = RUNTIME_TABLES, section: str = ""
+) -> Iterator[FieldRow]:
+    """One :class:`FieldRow` per field of ``cls``, in declaration order (a dataclass-valued field is a section: its
+    fields, with the section's name)."""
     comments = field_comments(cls)
     defaults = cls()
     for f in dataclasses.fields(cls):
         value = getattr(defaults, f.name)
         if dataclasses.is_dataclass(value):
-            yield from field_rows(type(value), tables)
+            yield from field_rows(type(value), tables, f.name)
             continue
-        section, meaning = comments.get(f.name, ("", ""))
+        group, meaning = comments.get(f.name, ("", ""))
         yield FieldRow(
-            section=section or cls.__name__,
+            group=group or cls.__name__,
+            section=section,
             name=f.name,
             meaning=meaning,
             default=_show_default(value),
@@ -181,6 +187,8 @@ HEADER = f"""# Configuration reference
 
 Every SAGE option is a field of `sage_plugin.config.SageConfig`, one frozen object validated when it is built: a
 value outside the range below stops the launch with one message naming the field (SGLang: its flag) and the range.
+The object holds the fields in sections, one per layer that reads them (`algorithm`, `serving`, `cpu`, `runtime`,
+`vlm`; [architecture](../design/architecture.md#the-config-in-sections)); users set every field by its own name, flat.
 
 Where a field is set:
 
@@ -200,12 +208,12 @@ Why a runtime does not read a field, and what it does instead:
 def render(cls: type = SageConfig) -> str:
     """The whole page (``docs/reference/configuration.md``)."""
     rows = list(field_rows(cls))
-    sections: dict[str, list[FieldRow]] = {}
+    groups: dict[tuple[str, str], list[FieldRow]] = {}
     for row in rows:
-        sections.setdefault(row.section, []).append(row)
+        groups.setdefault((row.group, row.section), []).append(row)
     out = [HEADER]
-    for title, members in sections.items():
-        out.append(f"## {title[0].upper()}{title[1:]}\n")
+    for (title, section), members in groups.items():
+        out.append(f"## {title[0].upper()}{title[1:]}: section `{section}`\n")
         out.append("| field | meaning | default | allowed | honoured by |")
         out.append("|---|---|---|---|---|")
         for r in members:

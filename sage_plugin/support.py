@@ -24,11 +24,10 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from .config import ConfigError, SageConfig
+from .config import KNOBS, ConfigError, SageConfig, knob_fields
 
 __all__ = ["FIXED_BEAM_SELECTION", "Honoured", "RuntimeSupport", "support_matrix"]
 
@@ -74,8 +73,7 @@ class RuntimeSupport:
     not_read: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        names = {f.name for f in dataclasses.fields(SageConfig)}
-        unknown = sorted((set(self.honours) | set(self.not_read)) - names)
+        unknown = sorted((set(self.honours) | set(self.not_read)) - set(KNOBS))
         if unknown:
             raise ValueError(f"{self.runtime}: support table names unknown SageConfig fields {unknown}")
 
@@ -86,8 +84,8 @@ class RuntimeSupport:
             cfg: the validated config.
             name: how the field is spelled to the user (SGLang: ``--sage-<field>``).
         """
-        for f in dataclasses.fields(SageConfig):
-            value, default = getattr(cfg, f.name), getattr(_DEFAULTS, f.name)
+        for f in knob_fields():
+            value, default = cfg.knob(f.name), _DEFAULTS.knob(f.name)
             if value == default:
                 continue
             entry = self.honours.get(f.name)
@@ -105,9 +103,9 @@ class RuntimeSupport:
     def defaults_not_applied(self) -> dict[str, str]:
         """Fields whose default this runtime does not apply: field -> what it does instead."""
         out = {}
-        for f in dataclasses.fields(SageConfig):
+        for f in knob_fields():
             entry = self.honours.get(f.name)
-            default = getattr(_DEFAULTS, f.name)
+            default = _DEFAULTS.knob(f.name)
             if entry is not None and entry.values is not None and default not in entry.values:
                 out[f.name] = entry.note
         return out
@@ -130,13 +128,14 @@ def _show(value: Any) -> str:
 
 
 def support_matrix(tables: Iterable[RuntimeSupport]) -> str:
-    """A Markdown table: one row per SageConfig field, one column per runtime."""
+    """A Markdown table: one row per SageConfig field (with its section), one column per runtime."""
     tables = list(tables)
     lines = [
-        "| field | default | " + " | ".join(t.runtime for t in tables) + " |",
-        "|---|---|" + "---|" * len(tables),
+        "| section | field | default | " + " | ".join(t.runtime for t in tables) + " |",
+        "|---|---|---|" + "---|" * len(tables),
     ]
-    for f in dataclasses.fields(SageConfig):
-        default = _show(getattr(_DEFAULTS, f.name))
-        lines.append(f"| `{f.name}` | {default} | " + " | ".join(t.status(f.name) for t in tables) + " |")
+    for f in knob_fields():
+        default = _show(_DEFAULTS.knob(f.name))
+        cells = " | ".join(t.status(f.name) for t in tables)
+        lines.append(f"| {KNOBS[f.name]} | `{f.name}` | {default} | {cells} |")
     return "\n".join(lines)

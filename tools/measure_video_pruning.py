@@ -26,7 +26,7 @@ import torch
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sage_plugin.config import SageConfig
+    from sage_plugin.config import AlgorithmConfig
     from sage_plugin.core.policies import build_policy
     from sage_plugin.data.prompts import load_prompts
     from sage_plugin.engines.speculative import SamplingParams, SpecEngine
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     target_model = VLMModel(target, processor)
     prompts = load_prompts("vlm-video")
     params = SamplingParams(max_new_tokens=args.max_new_tokens, stop_token_ids=(processor.tokenizer.eos_token_id,))
-    policy = build_policy(SageConfig(node_budget="fixed"))
+    policy = build_policy(AlgorithmConfig(node_budget="fixed"))
     rows, reference = [], None
     for ratio in [float(r) for r in args.ratios.split(",")]:
         draft = VLMModel(draft_model, processor, role="draft", prune_ratio_video=ratio)

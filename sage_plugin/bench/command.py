@@ -208,10 +208,10 @@ def _vlm_setup(
     target = VLMModel(model, processor, role="target")
     if opts.draft_vlm:
         dmodel, _ = load_vlm(opts.draft_vlm, device)
-        draft = VLMModel(dmodel, processor, prune_ratio=base.prune_ratio_image, role="draft",
-                         prune_ratio_video=base.prune_ratio_video)  # fmt: skip
-        draft_desc = (f"{opts.draft_vlm} (VLM draft, {base.prune_ratio_image:.0%} of image and "
-                      f"{base.prune_ratio_video:.0%} of video tokens pruned)")  # fmt: skip
+        draft = VLMModel(dmodel, processor, prune_ratio=base.vlm.prune_ratio_image, role="draft",
+                         prune_ratio_video=base.vlm.prune_ratio_video)  # fmt: skip
+        draft_desc = (f"{opts.draft_vlm} (VLM draft, {base.vlm.prune_ratio_image:.0%} of image and "
+                      f"{base.vlm.prune_ratio_video:.0%} of video tokens pruned)")  # fmt: skip
     else:
         draft = TextDraftForVLM(load_causal_lm(draft_dir, device), head_ids=draft_head_ids(draft_dir))
         draft_desc = f"{draft_desc}; text-only draft, visual tokens removed from its prompt"
@@ -234,9 +234,9 @@ def build_setup(opts: BenchOptions, base: SageConfig) -> BenchSetup:
     setup.categories = {p.id: p.category or p.dataset for p in prompts}
     if any(p.modality != "text" for p in prompts):
         setup.modalities = {p.id: p.modality for p in prompts}
-    if store_draft_weights(setup.engine.draft, base.cpu_draft_dtype) == "bfloat16":
+    if store_draft_weights(setup.engine.draft, base.cpu.cpu_draft_dtype) == "bfloat16":
         setup.draft_desc += "; linear weights stored in bfloat16 (cpu_draft_dtype)"
-    if not setup.engine.use_lean_draft(base.cpu_lean_draft) and setup.engine.draft is not None:
+    if not setup.engine.use_lean_draft(base.cpu.cpu_lean_draft) and setup.engine.draft is not None:
         setup.draft_desc += "; transformers' forward (cpu_lean_draft false or not a Llama-family decoder)"
     return setup
 
@@ -306,7 +306,7 @@ def _sweep(results: dict, setup: BenchSetup, base: SageConfig, sizes: list[int],
     if wanted and ar is not None and type(draft) is TextModel:  # a text draft that reads the prompt as the target does
         prompts = [r.prompt_ids for r in setup.requests]
         outs = [ar.outputs[r.request_id] for r in setup.requests]
-        oracle = {n: oracle_tau(draft.sequence_logits, prompts, outs, base.k, n) for n in sizes}
+        oracle = {n: oracle_tau(draft.sequence_logits, prompts, outs, base.algorithm.k, n) for n in sizes}
     return sweep_summary(results, sizes, oracle)
 
 
@@ -324,7 +324,7 @@ def _tune(methods: list[MethodSpec], setup: BenchSetup, base: SageConfig, params
     table: Any = None  # one calibration table for every calibrated method of the run
     for m in methods:
         t0 = time.perf_counter()
-        if m.tuned and m.config.policy == "static":
+        if m.tuned and m.config.algorithm.policy == "static":
             reqs = setup.tuning_requests
             fit = tune_static(setup.engine, base, reqs, tune_params, screen=STATIC_TUNING_PROMPTS)
             cfg = fit.config
@@ -339,7 +339,7 @@ def _tune(methods: list[MethodSpec], setup: BenchSetup, base: SageConfig, params
                   + ", ".join(f"{k} {fit.tok_s[k]:.1f}" for k in fit.finalists) + ")", flush=True)  # fmt: skip
         elif m.tuned:
             if table is None:
-                table, n = calibrate(setup.engine, setup.tuning_requests, tune_params, base.k)
+                table, n = calibrate(setup.engine, setup.tuning_requests, tune_params, base.algorithm.k)
                 print(f"calibration: table fitted on {n} candidates of {TUNING_PROMPTS} bundled prompts", flush=True)
                 fitted["calibration"] = {"table": [list(r) for r in table], "candidates": n}
             cfg = m.config.replace(calibration=[list(r) for r in table])

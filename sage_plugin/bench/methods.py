@@ -16,6 +16,7 @@ as ``NAME=...``) continues the previous method's options::
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import yaml
@@ -104,9 +105,10 @@ def parse_method(text: str, base: SageConfig) -> MethodSpec:
         changes[key.strip()] = yaml.safe_load(value)
     cfg = base.replace(**changes)
     REFERENCE_SUPPORT.check(cfg)  # before any model loads
-    for field in ("cpu_draft_dtype", "cpu_lean_draft"):  # one draft serves every method of a run
-        value = getattr(cfg, field)
-        if value != getattr(base, field):
+    # one draft serves every method of a run: its CPU and VLM sections are the run's
+    for field in [f.name for section in (cfg.cpu, cfg.vlm) for f in dataclasses.fields(section)]:
+        value = cfg.knob(field)
+        if value != base.knob(field):
             raise ConfigError(
                 f"method {name}: {field} is the run's draft, not a method's: set it with --set {field}="
                 f"{str(value).lower() if isinstance(value, bool) else value} (every method then drafts with it)"

@@ -84,7 +84,7 @@ def run_methods(
     (:func:`~sage_plugin.engines.profile.alternating`): a machine whose speed drifts during the run slows every
     method alike, and no method always runs first (after another method's forwards) or last.
     """
-    policies = {m.name: (build_policy(m.config) if m.config is not None else None) for m in methods}
+    policies = {m.name: (build_policy(m.config.algorithm) if m.config is not None else None) for m in methods}
     results = {m.name: MethodResult(m.name) for m in methods}
     if warmup:
         warm = SamplingParams(params.temperature, params.top_k, params.top_p, 8, params.stop_token_ids, params.seed)

@@ -31,7 +31,7 @@ CHAIN_DEPTHS = (1, 2, 3, 4, 5, 6)
 
 def static_cut(base: SageConfig, n: int) -> tuple[tuple[int, ...], ...]:
     """The first ``n`` rank paths of the static tree in level order: every parent comes before its children."""
-    return tuple(sorted(base.static_tree, key=lambda p: (len(p), p))[:n])
+    return tuple(sorted(base.algorithm.static_tree, key=lambda p: (len(p), p))[:n])
 
 
 def tuning_candidates(base: SageConfig) -> dict[str, SageConfig]:
@@ -80,7 +80,7 @@ def tune_static(
     during the tuning slows every candidate alike instead of the ones timed last.
     """
     cands = tuning_candidates(base)
-    policies = {label: build_policy(cfg) for label, cfg in cands.items()}
+    policies = {label: build_policy(cfg.algorithm) for label, cfg in cands.items()}
     for policy in policies.values():
         engine.generate(requests[:1], params, policy)  # warm-up
     tokens, seconds = dict.fromkeys(cands, 0), dict.fromkeys(cands, 0.0)

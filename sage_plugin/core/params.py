@@ -1,10 +1,11 @@
 """The parameters the algorithm reads: :class:`SageParams`, the core's own view of a configuration.
 
-The core is typed against this read-only protocol, never against a configuration class: :class:`sage_plugin.config.
-SageConfig` (the one validated object users write as flags or YAML) satisfies it structurally, and so does any
-object with these attributes (a test's stand-in, a runtime's own section).  Meanings, defaults and ranges are the
-configuration reference's (``docs/reference/configuration.md``); ``tests/unit/test_layering.py`` checks that the core
-reads no attribute of a configuration beyond these and that ``SageConfig`` declares each with the same type.
+The core is typed against this read-only protocol, never against a configuration class: the algorithm section of the
+one validated object users write as flags or YAML (:class:`sage_plugin.config.AlgorithmConfig`, which runtimes hand
+the core) satisfies it structurally, and so does any object with these attributes (a test's stand-in).  Meanings,
+defaults and ranges are the configuration reference's (``docs/reference/configuration.md``);
+``tests/unit/test_layering.py`` checks that the core reads no attribute of a configuration beyond these and that
+``AlgorithmConfig`` declares each with the same type.
 
 Worked example::
 

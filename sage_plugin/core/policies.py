@@ -1,4 +1,4 @@
-"""The policy registry: ``SageConfig.policy`` names to tree-policy classes, looked up here and nowhere else.
+"""The policy registry: ``policy`` names to tree-policy classes, looked up here and nowhere else.
 
 ==========  ==========================================  ===========================
 name        class                                        what it builds
@@ -10,7 +10,7 @@ name        class                                        what it builds
 ``topn``    :class:`~.baselines.TopNPolicy`             OPT-Tree's greedy top-N tree
 ==========  ==========================================  ===========================
 
-:class:`~sage_plugin.config.SageConfig` validates ``policy`` against :data:`POLICIES` and reads each class's sizes
+:class:`~sage_plugin.config.AlgorithmConfig` validates ``policy`` against :data:`POLICIES` and reads each class's sizes
 (``max_depth_for`` / ``max_nodes_for``), so a new policy is one class and one entry here.  The interface and the
 driving loop are in :mod:`.policy`.
 """

@@ -16,7 +16,7 @@ frontier machinery is :mod:`sage_plugin.core.level_expansion`).  A runtime drive
     state = policy.observe(state, plan, tree, accepted_nodes, num_accepted, pool)   # alpha and history
 
 The policies themselves: :mod:`.baselines` (``chain``, ``static``, ``eagle2``) and :mod:`.sage`; the registry that
-maps ``SageConfig.policy`` names to them is :mod:`.policies`.
+maps ``policy`` names to them is :mod:`.policies`.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ class FixedShapePolicy:
     """Shared parts of every policy; alone, the behaviour of the fixed-shape baselines (no adaptive state).
 
     Subclasses set ``name`` and implement ``step``; the sizes come from the class methods
-    :meth:`max_depth_for` / :meth:`max_nodes_for`, which :class:`~sage_plugin.config.SageConfig` also reads (one
+    :meth:`max_depth_for` / :meth:`max_nodes_for`, which :class:`~sage_plugin.config.AlgorithmConfig` also reads (one
     home for a policy's sizes).
     """
 

@@ -63,8 +63,8 @@ def choose_alpha(cfg: SageParams, carried: torch.Tensor, fresh: torch.Tensor) ->
             mean over its accepted path).
         fresh: ``[B]`` float32 alpha of this round's root distribution.
 
-    >>> from sage_plugin.config import SageConfig
-    >>> choose_alpha(SageConfig(alpha_source="fresh"), torch.tensor([0.2]), torch.tensor([0.9]))
+    >>> from types import SimpleNamespace
+    >>> choose_alpha(SimpleNamespace(use_entropy=True, alpha_source="fresh"), torch.tensor([0.2]), torch.tensor([0.9]))
     tensor([0.9000])
     """
     if not cfg.use_entropy:
@@ -79,8 +79,9 @@ def plan_shape(cfg: SageParams, alpha: torch.Tensor, d_max: torch.Tensor) -> tup
 
     With ``use_history=False`` the configured ``d_max`` replaces the controller's.
 
-    >>> from sage_plugin.config import SageConfig
-    >>> plan_shape(SageConfig(), torch.tensor([0.0, 1.0]), torch.tensor([8, 8]))
+    >>> from types import SimpleNamespace
+    >>> p = SimpleNamespace(use_history=True, d_min=3, w_min=2, w_max=10, k=10, rounding="half_up")
+    >>> plan_shape(p, torch.tensor([0.0, 1.0]), torch.tensor([8, 8]))
     (tensor([3, 8]), tensor([10,  2]))
     """
     if not cfg.use_history:

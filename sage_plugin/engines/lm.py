@@ -159,7 +159,7 @@ class TextModel:
     def use_lean(self, on: bool = True) -> bool:
         """Run :meth:`forward` / :meth:`forward_head` through :class:`~.lean.LeanDecoder` where the model has its
         layer structure (a draft's forwards; a target keeps transformers' own); ``on=False``: transformers' forward
-        again (``SageConfig.cpu_lean_draft``).  Returns whether the lean decoder runs."""
+        again (``CpuConfig.cpu_lean_draft``).  Returns whether the lean decoder runs."""
         if not on:
             self.lean = None
         elif self.lean is None and self.capture_layers is None and lean_supported(self.model):
@@ -222,7 +222,7 @@ def store_linear_weights(model: Any, dtype: torch.dtype) -> Any:
 
 
 def store_draft_weights(draft: Any, cpu_draft_dtype: str) -> str:
-    """Apply ``SageConfig.cpu_draft_dtype`` to a reference-engine draft (:class:`TextModel` or EAGLE-3 head):
+    """Apply ``CpuConfig.cpu_draft_dtype`` to a reference-engine draft (:class:`TextModel` or EAGLE-3 head):
     bfloat16 linear weights on CPU where the rows kernel runs (elsewhere a bfloat16 weight would be widened on every
     call: kept float32).  Returns the dtype the draft's linear weights now have, for reports."""
     from ..kernels.linear import rows_kernel

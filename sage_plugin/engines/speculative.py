@@ -94,7 +94,7 @@ class SpecEngine(TimedForwards):
 
     def use_lean_draft(self, on: bool) -> bool:
         """A small draft's forward is bound by host work: run it through :class:`~.lean.LeanDecoder` (``on``, the
-        default) or transformers' modules (``SageConfig.cpu_lean_draft``).  Returns whether the lean decoder runs."""
+        default) or transformers' modules (``CpuConfig.cpu_lean_draft``).  Returns whether the lean decoder runs."""
         return callable(getattr(self.draft, "use_lean", None)) and self.draft.use_lean(on)
 
     # ------------------------------------------------------------------------------------------

@@ -4,9 +4,7 @@ honours: all of them but the tier, overlap and tensor-parallel fields of the ser
 
 from __future__ import annotations
 
-import dataclasses
-
-from ..config import SageConfig
+from ..config import knob_fields
 from ..support import Honoured, RuntimeSupport
 
 __all__ = ["REFERENCE_SUPPORT"]
@@ -39,8 +37,6 @@ _NOT_READ = {
 
 REFERENCE_SUPPORT = RuntimeSupport(
     runtime="reference engine",
-    honours={
-        f.name: Honoured(note=_NOTES.get(f.name, "")) for f in dataclasses.fields(SageConfig) if f.name not in _NOT_READ
-    },
+    honours={f.name: Honoured(note=_NOTES.get(f.name, "")) for f in knob_fields() if f.name not in _NOT_READ},
     not_read=_NOT_READ,
 )

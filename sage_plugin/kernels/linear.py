@@ -115,7 +115,7 @@ def _kernel_applies(x: torch.Tensor, weight: torch.Tensor, rows: int) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: ``x [..., K]``, ``weight [N, K]``, ``bias [N]`` -> ``[..., N]`` (contiguous).
 
-    ``weight`` may be stored in bfloat16 under float32 ``x`` (a draft's weights, ``SageConfig.cpu_draft_dtype``):
+    ``weight`` may be stored in bfloat16 under float32 ``x`` (a draft's weights, ``CpuConfig.cpu_draft_dtype``):
     the rows kernel widens it as it streams it (float32 products, half the bytes); elsewhere it is widened first.
 
     Example: a verify of one request with 5 tree nodes passes the head ``x [1, 5, 576]`` and gets ``[1, 5, 49152]``

@@ -26,11 +26,15 @@ def test_every_named_ablation_parses_to_a_valid_config():
         assert spec.name == name and spec.config is not None
     assert parse_method("ar", base).config is None
     tuned = parse_method("static-tuned", base)
-    assert tuned.tuned and tuned.name == "static-tuned" and tuned.config.policy == "static"
+    assert tuned.tuned and tuned.name == "static-tuned" and tuned.config.algorithm.policy == "static"
     calibrated = parse_method("sage-calibrated", base)
-    assert calibrated.tuned and calibrated.config.policy == "sage" and calibrated.config.calibration == ()
+    assert (
+        calibrated.tuned
+        and calibrated.config.algorithm.policy == "sage"
+        and calibrated.config.algorithm.calibration == ()
+    )
     custom = parse_method("tight=sage:n_max=16,theta0=0.2", base)
-    assert custom.name == "tight" and custom.config.n_max == 16 and custom.config.theta0 == 0.2
+    assert custom.name == "tight" and custom.config.algorithm.n_max == 16 and custom.config.algorithm.theta0 == 0.2
     for bad in ("nope", "sage:n_max=0", "sage:unknown_knob=1", "ar:k=2", "sage:n_max", "static-tuned:k=2"):
         with pytest.raises(ConfigError):
             parse_method(bad, base)
@@ -43,8 +47,8 @@ def test_calibrate_writes_a_config_the_bench_reads(tmp_path, capsys):
                "--out", str(out)])  # fmt: skip
     assert rc == 0
     cfg = SageConfig.from_yaml(out)
-    assert len(cfg.calibration) == 2 and all(len(r) == 5 for r in cfg.calibration)
-    assert all(all(x <= y for x, y in zip(r, r[1:])) for r in cfg.calibration)
+    assert len(cfg.algorithm.calibration) == 2 and all(len(r) == 5 for r in cfg.algorithm.calibration)
+    assert all(all(x <= y for x, y in zip(r, r[1:])) for r in cfg.algorithm.calibration)
     assert out.read_text().startswith("# SAGE calibration (sage calibrate)")
     assert f"wrote {out} (" in capsys.readouterr().out
 

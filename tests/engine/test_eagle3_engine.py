@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from sage_plugin.config import SageConfig
+from sage_plugin.config import AlgorithmConfig
 from sage_plugin.core.policies import build_policy
 from sage_plugin.engines.eagle3_draft import Eagle3Draft
 from sage_plugin.engines.lm import GenRequest, TextModel
@@ -75,7 +75,7 @@ def test_greedy_equals_plain_decoding(setup, policy, batch):
     reqs = _requests(3)
     sp = SamplingParams(max_new_tokens=30)
     ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
-    cfg = SageConfig(policy=policy, node_budget="fixed")
+    cfg = AlgorithmConfig(policy=policy, node_budget="fixed")
     got = []
     for i in range(0, len(reqs), batch):
         got += engine.generate(reqs[i : i + batch], sp, build_policy(cfg))
@@ -96,7 +96,7 @@ def test_draft_rows_get_the_right_features_and_positions(setup, monkeypatch):
 
     monkeypatch.setattr(draft, "forward", record)
     req = _requests(1)[0]
-    out = engine.generate([req], SamplingParams(max_new_tokens=20), build_policy(SageConfig(policy="chain")))[0]
+    out = engine.generate([req], SamplingParams(max_new_tokens=20), build_policy(AlgorithmConfig(policy="chain")))[0]
     seq = torch.tensor(req.prompt_ids + out.tokens)
     with torch.no_grad():
         hs = target(input_ids=seq[None], output_hidden_states=True).hidden_states

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from sage_plugin.config import SageConfig
+from sage_plugin.config import AlgorithmConfig, SageConfig
 from sage_plugin.core.policies import build_policy
 from sage_plugin.engines.lm import GenRequest, TextModel
 from sage_plugin.engines.speculative import SamplingParams, SpecEngine
@@ -66,7 +66,7 @@ def test_greedy_equals_plain_decoding(engine, policy, batch):
     ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
     got = []
     # the paper's fixed budgets: with node_budget="auto" SAGE's trees follow this machine's timings (tested below)
-    cfg = SageConfig(policy=policy, node_budget="fixed")
+    cfg = AlgorithmConfig(policy=policy, node_budget="fixed")
     for i in range(0, len(reqs), batch):
         got += engine.generate(reqs[i : i + batch], sp, build_policy(cfg))
     for out in got:
@@ -91,7 +91,7 @@ def test_stop_token_inside_accepted_block(engine, policy):
 
     sp = SamplingParams(max_new_tokens=30, stop_token_ids=(stop,))
     ref = engine.generate(reqs, sp, None)
-    got = engine.generate(reqs, sp, build_policy(SageConfig(policy=policy)))
+    got = engine.generate(reqs, sp, build_policy(AlgorithmConfig(policy=policy)))
     assert [o.tokens for o in got] == [o.tokens for o in ref]
     assert got[0].finish_reason == "stop" and got[0].tokens[-1] == stop
     assert stop not in got[0].tokens[:-1]
@@ -103,7 +103,7 @@ def test_ragged_max_new_tokens_and_batch_drop(engine):
     for n in (1, 2, 17):
         sp = SamplingParams(max_new_tokens=n)
         ref = engine.generate(reqs, sp, None)
-        got = engine.generate(reqs, sp, build_policy(SageConfig()))
+        got = engine.generate(reqs, sp, build_policy(AlgorithmConfig()))
         assert [o.tokens for o in got] == [o.tokens for o in ref]
         assert all(len(o.tokens) == n for o in got)
 
@@ -112,8 +112,8 @@ def test_sampling_is_seeded_and_runs_every_policy(engine):
     reqs = _requests(2)
     sp = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=20, seed=3)
     for policy in POLICIES:
-        a = engine.generate(reqs, sp, build_policy(SageConfig(policy=policy)))
-        b = engine.generate(reqs, sp, build_policy(SageConfig(policy=policy)))
+        a = engine.generate(reqs, sp, build_policy(AlgorithmConfig(policy=policy)))
+        b = engine.generate(reqs, sp, build_policy(AlgorithmConfig(policy=policy)))
         assert [o.tokens for o in a] == [o.tokens for o in b]
         assert all(len(o.tokens) == 20 for o in a)
         assert all(0 <= t < VOCAB for o in a for t in o.tokens)
@@ -132,7 +132,7 @@ def test_plain_decoding_matches_hf_generate(engine):
 
 def test_sage_adapts_shape_and_history(engine):
     reqs = _requests(2)
-    cfg = SageConfig(history_window=3, node_budget="fixed", rerank_pool="kept")  # the paper's shapes, no cost cut
+    cfg = AlgorithmConfig(history_window=3, node_budget="fixed", rerank_pool="kept")  # the paper's shapes, no cost cut
     out = engine.generate(reqs, SamplingParams(max_new_tokens=60), build_policy(cfg))
     rounds = out[0].rounds
     assert rounds[0].nodes == 25, "round 1 uses the static mc_sim_7b_63 tree"
@@ -143,7 +143,7 @@ def test_sage_adapts_shape_and_history(engine):
         # Eq. 10/11 with D_max in [D_min, D_cap]
         assert 3 <= r.plan_depth <= 10 and 2 <= r.plan_width <= 10
     # the beam pool (the default) keeps Eq. 11's width and grows to beam_depth, past d_cap; the rerank cuts the depth
-    beam = SageConfig(history_window=3, node_budget="fixed")
+    beam = AlgorithmConfig(history_window=3, node_budget="fixed")
     rounds = engine.generate(reqs, SamplingParams(max_new_tokens=24), build_policy(beam))[0].rounds
     assert rounds[0].nodes == 25 and all(r.nodes <= 64 for r in rounds)
     assert all(r.plan_depth == beam.beam_depth == 16 and 2 <= r.plan_width <= 10 for r in rounds[1:])
@@ -152,7 +152,7 @@ def test_sage_adapts_shape_and_history(engine):
 
 def test_round_cost_is_measured_once_per_batch_size(engine):
     fresh = SpecEngine(engine.target, engine.draft)
-    pol = build_policy(SageConfig())
+    pol = build_policy(AlgorithmConfig())
     sp = SamplingParams(max_new_tokens=8)
     fresh.generate(_requests(2), sp, pol)
     assert fresh.last_profile_s > 0
@@ -165,7 +165,7 @@ def test_round_cost_is_measured_once_per_batch_size(engine):
     assert cost.draft_ms > 0
     fresh.generate(_requests(2), sp, pol)
     assert fresh.last_profile_s == 0.0 and len(fresh.round_costs) == 1
-    fresh.generate(_requests(2), sp, build_policy(SageConfig(node_budget="fixed")))
+    fresh.generate(_requests(2), sp, build_policy(AlgorithmConfig(node_budget="fixed")))
     assert fresh.last_profile_s == 0.0 and len(fresh.round_costs) == 1, "fixed budget: nothing to measure"
 
 
@@ -176,7 +176,7 @@ def test_in_loop_cost_refresh_times_the_rounds_and_stays_lossless(engine):
     sp = SamplingParams(max_new_tokens=30)
     ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
     fresh = SpecEngine(engine.target, engine.draft)
-    pol = build_policy(SageConfig(cost_refresh=1))
+    pol = build_policy(AlgorithmConfig(cost_refresh=1))
     out = fresh.generate(reqs, sp, pol)
     assert {o.request_id: o.tokens for o in out} == ref
     ((key, samples),) = fresh.cost_samples.items()
@@ -188,7 +188,7 @@ def test_in_loop_cost_refresh_times_the_rounds_and_stays_lossless(engine):
     assert samples.rounds > max(len(o.rounds) for o in out), "the same samples keep counting"
     assert sum(len(d) for d in samples.verify.values()) >= timed_before
     assert fresh.round_costs[key].verify_ms.tolist() == samples.cost().verify_ms.tolist(), "re-priced last round"
-    fresh.generate(reqs, sp, build_policy(SageConfig()))
+    fresh.generate(reqs, sp, build_policy(AlgorithmConfig()))
     assert len(fresh.round_costs) == 2 and len(fresh.cost_samples) == 1, "refresh 0 measures its own, kept curve"
 
 
@@ -205,13 +205,13 @@ def test_sage_cost_cut_stays_lossless_and_sizes_trees_to_the_cost(engine, batch)
     reqs = _requests(3)
     sp = SamplingParams(max_new_tokens=30)
     ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
-    n = build_policy(SageConfig()).pool_capacity - 1
+    n = build_policy(AlgorithmConfig()).pool_capacity - 1
     nodes, forwards = {}, {}
     for case, per_token_ms, draft_ms, lookahead in (
         ("flat", 0.0, 0.0, True), ("mild", 0.05, 1.0, True), ("steep", 200.0, 1.0, True),
         ("forward", 0.0, 1.0, True), ("forward-myopic", 0.0, 1.0, False),
     ):  # fmt: skip
-        pol = build_policy(SageConfig(lookahead=lookahead, price_level_host=False))  # the pinned costs alone
+        pol = build_policy(AlgorithmConfig(lookahead=lookahead, price_level_host=False))  # the pinned costs alone
         fresh = SpecEngine(engine.target, engine.draft)
         for b in range(1, batch + 1):
             cost = RoundCost(10.0 + per_token_ms * torch.arange(n + 1, dtype=torch.float32), draft_ms)
@@ -245,7 +245,7 @@ def test_level_host_time_is_measured_and_priced_with_each_forward(engine):
     ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
     forwards = {}
     for case, seeded in (("free", None), ("priced", 5.0), ("measured", 0.0)):
-        pol = build_policy(SageConfig(price_level_host=case != "free"))
+        pol = build_policy(AlgorithmConfig(price_level_host=case != "free"))
         fresh = SpecEngine(engine.target, engine.draft)
         fresh.round_costs[fresh.cost_key(pol, 1)] = RoundCost(torch.full((pol.pool_capacity,), 10.0), 0.0)
         if seeded:
@@ -276,7 +276,7 @@ def test_a_level_price_that_stops_every_level_is_re_measured(engine):
     sp = SamplingParams(max_new_tokens=30)
     ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
     for case, seed in (("stale", [50.0] * 64), ("first", [50.0])):
-        pol = build_policy(SageConfig())
+        pol = build_policy(AlgorithmConfig())
         fresh = SpecEngine(engine.target, engine.draft)
         fresh.round_costs[fresh.cost_key(pol, 1)] = RoundCost(torch.full((pol.pool_capacity,), 10.0), 0.0)
         fresh.level_clocks.setdefault(pol, LevelClock()).samples.extend(seed)
@@ -299,7 +299,7 @@ def test_padded_forwards_stay_lossless_and_run_at_the_padded_sizes(engine, batch
     reqs = _requests(3)
     sp = SamplingParams(max_new_tokens=30)
     ref = {o.request_id: o.tokens for o in engine.generate(reqs, sp, None)}
-    pol = build_policy(SageConfig(n_max=16, w_max=6, k=6))
+    pol = build_policy(AlgorithmConfig(n_max=16, w_max=6, k=6))
     n = pol.pool_capacity - 1
     verify_run = tuple([0] + [max(q, 12) for q in range(1, n + 1)])
     draft_run = tuple([0] + [max(w, 6) for w in range(1, pol.frontier_capacity + 1)])
@@ -339,10 +339,10 @@ def test_static_tuned_picks_the_fastest_fixed_tree_it_timed(engine):
     assert set(tok_s) == set(cands) == {f"static@{n}" for n in STATIC_SIZES} | {f"chain@{d}" for d in CHAIN_DEPTHS}
     assert all(v > 0 for v in tok_s.values())
     assert tok_s[label] == max(tok_s.values()) and cfg == cands[label]
-    assert len(cands["static@4"].static_tree) == 4 and cands["chain@3"].chain_depth == 3
+    assert len(cands["static@4"].algorithm.static_tree) == 4 and cands["chain@3"].algorithm.chain_depth == 3
     reqs = _requests(3)
     ref = [o.tokens for o in engine.generate(reqs, SamplingParams(max_new_tokens=20), None)]
-    got = [o.tokens for o in engine.generate(reqs, SamplingParams(max_new_tokens=20), build_policy(cfg))]
+    got = [o.tokens for o in engine.generate(reqs, SamplingParams(max_new_tokens=20), build_policy(cfg.algorithm))]
     assert got == ref
 
 
@@ -353,7 +353,7 @@ class _TuningRecorder:
     def __init__(self, base: SageConfig, seconds) -> None:
         from sage_plugin.bench.tune import tuning_candidates
 
-        self.labels = {repr(cfg): label for label, cfg in tuning_candidates(base).items()}
+        self.labels = {repr(cfg.algorithm): label for label, cfg in tuning_candidates(base).items()}
         self.seconds, self.calls, self.last_decode_s = seconds, [], 0.0
 
     def generate(self, requests, params, policy):
@@ -436,7 +436,7 @@ def test_calibration_is_fitted_on_teacher_forced_candidates_and_stays_lossless(e
     assert ok[:k] == (top.indices == plain[0].tokens[0]).tolist()
     table, n = calibrate(engine, reqs, sp, k, alpha_bins=2, prob_bins=4)
     assert n == k * positions and len(table) == 2 and all(len(r) == 4 for r in table)
-    cfg = SageConfig(k=k, w_max=k).replace(calibration=[list(r) for r in table])
+    cfg = AlgorithmConfig(k=k, w_max=k).replace(calibration=[list(r) for r in table])
     got = engine.generate(reqs, SamplingParams(max_new_tokens=30), build_policy(cfg))
     ref = engine.generate(reqs, SamplingParams(max_new_tokens=30), None)
     assert [o.tokens for o in got] == [o.tokens for o in ref]
@@ -483,7 +483,7 @@ def _every_policy_equals_plain(engine: SpecEngine, eng: SpecEngine) -> list[list
     ref = [o.tokens for o in engine.generate(reqs, sp, None)]
     runs = []
     for policy in POLICIES:
-        runs.append(eng.generate(reqs, sp, build_policy(SageConfig(policy=policy, node_budget="fixed"))))
+        runs.append(eng.generate(reqs, sp, build_policy(AlgorithmConfig(policy=policy, node_budget="fixed"))))
         assert [o.tokens for o in runs[-1]] == ref, policy
     return runs
 
@@ -494,7 +494,7 @@ def test_policy_overhead_is_measured_without_changing_the_output(engine):
     sp = SamplingParams(max_new_tokens=24)
     ref = engine.generate(reqs, sp, None)
     assert engine.last_policy_s == 0.0
-    policy = build_policy(SageConfig(policy="sage", node_budget="fixed"))
+    policy = build_policy(AlgorithmConfig(policy="sage", node_budget="fixed"))
     got = engine.generate(reqs, sp, policy)
     assert [o.tokens for o in got] == [o.tokens for o in ref]
     assert 0 < engine.last_policy_s < engine.last_decode_s

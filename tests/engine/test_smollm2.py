@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sage_plugin.config import SageConfig
+from sage_plugin.config import AlgorithmConfig
 from sage_plugin.core.policies import build_policy
 from sage_plugin.data.prompts import mixed_text_prompts, render_chat
 from sage_plugin.engines.lm import GenRequest, TextModel, load_causal_lm
@@ -48,7 +48,7 @@ def test_every_policy_lossless_batch4_perfect_draft(setup):
         outs = []
         for i in range(0, len(reqs), 4):
             # fixed budget: the perfect draft costs a whole target step, so node_budget="auto" would not draft
-            cfg = SageConfig(policy=policy, node_budget="fixed")
+            cfg = AlgorithmConfig(policy=policy, node_budget="fixed")
             outs += engine.generate(reqs[i : i + 4], sp, build_policy(cfg))
         assert {o.request_id: o.tokens for o in outs} == ref, policy
         taus = [r.tau for o in outs for r in o.rounds]
@@ -63,7 +63,7 @@ def test_sage_and_static_lossless_batch1_standin_draft(setup):
     ref = {o.request_id: o.tokens for o in engine.generate(subset, sp, None)}
     for policy in ("sage", "static"):
         for req in subset:
-            out = engine.generate([req], sp, build_policy(SageConfig(policy=policy)))[0]
+            out = engine.generate([req], sp, build_policy(AlgorithmConfig(policy=policy)))[0]
             assert out.tokens == ref[out.request_id], (policy, req.request_id)
 
 
@@ -86,7 +86,7 @@ def test_bundled_draft_is_a_plain_hf_llama_and_is_lossless_and_accepted(setup):
     sp = SamplingParams(max_new_tokens=32, stop_token_ids=(tok.eos_token_id,))
     subset = reqs[:4]
     ref = {o.request_id: o.tokens for o in engine.generate(subset, sp, None)}
-    outs = engine.generate(subset, sp, build_policy(SageConfig(policy="chain")))
+    outs = engine.generate(subset, sp, build_policy(AlgorithmConfig(policy="chain")))
     assert {o.request_id: o.tokens for o in outs} == ref
     tokens = sum(len(o.tokens) - 1 for o in outs)
     rounds = sum(len(o.rounds) for o in outs)

@@ -339,7 +339,7 @@ def test_greedy_output_equals_plain_decoding_and_draft_length_follows_alpha(smol
     for i, prompt in enumerate(prompts):
         assert done[i] == _plain_greedy(model, prompt, max_new, eos), f"prompt {i}"
 
-    cfg, k, rounds = launch.sage, launch.draft.max_draft_len, list(drafter.rounds)
+    cfg, k, rounds = launch.sage.algorithm, launch.draft.max_draft_len, list(drafter.rounds)
     assert len(rounds) > 10
     for r in rounds:  # Eq. 10 with the slot's history D_max, then min(D, n_max, K)
         x = cfg.d_min + r.alpha * (r.d_max - cfg.d_min)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sage_plugin.config import SageConfig
+from sage_plugin.config import AlgorithmConfig
 from sage_plugin.core.beam_selection import eagle_beam_candidates
 from sage_plugin.core.controller import HistoryState
 from sage_plugin.runtimes.sglang.selection import STAT_FIELDS, BeamSelection, DraftCounters, planned_draft
@@ -25,8 +25,8 @@ VOCAB = 32
 MAX_BS = 8
 NUM_SLOTS = 2 * MAX_BS + 1  # SGLang: req_to_token_pool.size + 1
 #: the brief's small SGLang config and the paper defaults (first round: the static mc_sim_7b_63 tree, ranks <= 3)
-SMALL = SageConfig(k=4, d_min=2, d_max=4, d_cap=6, w_min=1, w_max=4, n_max=11, first_round_static=False)
-DEFAULTS = SageConfig()
+SMALL = AlgorithmConfig(k=4, d_min=2, d_max=4, d_cap=6, w_min=1, w_max=4, n_max=11, first_round_static=False)
+DEFAULTS = AlgorithmConfig()
 #: the per-step path's switches: each field's values
 SWITCHES: dict[str, tuple] = dict(
     alpha_source=("lag1", "fresh"),
@@ -79,12 +79,12 @@ def sglang_beam(bsz: int, steps: int, *, gen: torch.Generator | None = None, dev
     return beam
 
 
-def n_select(cfg: SageConfig, steps: int) -> int:
+def n_select(cfg: AlgorithmConfig, steps: int) -> int:
     """``--speculative-num-draft-tokens - 1`` as the SGLang adapter derives it (``args.spec_sizes``)."""
     return min(cfg.max_tree_nodes, TOPK + (steps - 1) * TOPK * TOPK)
 
 
-def new_selection(cfg: SageConfig, device: str = "cpu", max_bs: int = MAX_BS) -> BeamSelection:
+def new_selection(cfg: AlgorithmConfig, device: str = "cpu", max_bs: int = MAX_BS) -> BeamSelection:
     """The worker's :class:`BeamSelection` (persistent ``[max_bs]`` buffers: depth, width, shaped, first)."""
     return BeamSelection(cfg, TOPK, max_bs, device)
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sage_plugin.core.sage as sage_module
-from sage_plugin.config import SageConfig
+from sage_plugin.config import AlgorithmConfig
 from sage_plugin.core.level_expansion import DraftPool, Frontier, new_pool
 from sage_plugin.core.policy import RoundPlan
 from sage_plugin.core.sage import SagePolicy
@@ -45,7 +45,7 @@ def _logprobs(gen: torch.Generator, bsz: int, width: int, vocab: int, grid: floa
     return torch.log_softmax(raw, -1)
 
 
-def _drive(cfg: SageConfig, fused: bool, seed: int, bsz: int, levels: int, vocab: int, grid: float, impossible: float,
+def _drive(cfg: AlgorithmConfig, fused: bool, seed: int, bsz: int, levels: int, vocab: int, grid: float, impossible: float,
            pad: bool, use_vocab: bool) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:  # fmt: skip
     policy = SagePolicy(cfg, fused=fused)
     gen = torch.Generator().manual_seed(seed)
@@ -89,7 +89,7 @@ def test_the_kernel_builds_the_operator_paths_pool_and_frontiers(
     seed, bsz, k, n_max, beam_depth, grid, impossible, pad, use_vocab, budget_order, calibrated, static
 ):
     """``static``: the static first tree configured (k = 10), whose widest level widens the frontier past ``k``."""
-    cfg = SageConfig(
+    cfg = AlgorithmConfig(
         k=k, w_min=1, w_max=k, n_max=n_max, beam_depth=beam_depth, budget_order=budget_order,
         first_round_static=static and k == 10,
         calibration=((0.9, 0.5, 0.2), (0.3, 0.6, 0.95)) if calibrated else (),
@@ -110,7 +110,7 @@ def test_the_kernel_builds_the_operator_paths_pool_and_frontiers(
 def test_a_level_the_kernel_takes_never_reaches_the_operator_path(monkeypatch):
     """After the first round every beam level is one kernel call: the operator path's ``propose`` never runs, and the
     fused policy's pool equals the operator path's (float fields bit for bit)."""
-    cfg = SageConfig(k=4, w_min=1, w_max=4, n_max=12, beam_depth=4, first_round_static=False)
+    cfg = AlgorithmConfig(k=4, w_min=1, w_max=4, n_max=12, beam_depth=4, first_round_static=False)
     want_frontiers, want_pool = _drive(cfg, False, 7, 2, 4, 16, 0.5, 0.2, True, False)
 
     def refuse(*args, **kwargs):
@@ -126,10 +126,10 @@ def test_a_level_the_kernel_takes_never_reaches_the_operator_path(monkeypatch):
 def test_first_rounds_and_the_planned_topology_keep_the_operator_path():
     """A batch with a request in its first round (the static tree) runs operator by operator, as does the planned
     topology's replay and a pool other than the beam."""
-    assert not SagePolicy(SageConfig(topology="planned")).fused
-    assert not SagePolicy(SageConfig(rerank_pool="kept")).fused
-    assert SagePolicy(SageConfig()).fused and not SagePolicy(SageConfig(), fused=False).fused
-    cfg = SageConfig(k=10, n_max=12)
+    assert not SagePolicy(AlgorithmConfig(topology="planned")).fused
+    assert not SagePolicy(AlgorithmConfig(rerank_pool="kept")).fused
+    assert SagePolicy(AlgorithmConfig()).fused and not SagePolicy(AlgorithmConfig(), fused=False).fused
+    cfg = AlgorithmConfig(k=10, n_max=12)
     policy = SagePolicy(cfg)
     pool, frontier = new_pool(torch.tensor([5, 6]), policy.pool_capacity, policy.k)
     zeros = torch.zeros(2)
@@ -146,7 +146,7 @@ def test_first_rounds_and_the_planned_topology_keep_the_operator_path():
 
 def test_the_worked_example():
     """core/beam_level.py's docstring example."""
-    cfg = SageConfig(k=2, w_min=1, w_max=2, n_max=4, beam_depth=2, first_round_static=False)
+    cfg = AlgorithmConfig(k=2, w_min=1, w_max=2, n_max=4, beam_depth=2, first_round_static=False)
     policy = SagePolicy(cfg)
     pool, frontier = new_pool(torch.tensor([9]), policy.pool_capacity, policy.k)
     zeros = torch.zeros(1)

@@ -7,7 +7,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from sage_plugin.config import SageConfig
+from sage_plugin.config import AlgorithmConfig
 from sage_plugin.core.beam_selection import ShapedSelection, eagle_beam_candidates, select_shaped
 from tests.oracles import select_in_beam_ref
 from tests.oracles.rules import Margin
@@ -54,7 +54,7 @@ def _random_beam(draw, bsz: int, topk: int, steps: int):
 def test_select_shaped_matches_reference_and_is_a_tree(data, bsz, topk, steps):
     scores, plist = _random_beam(data.draw, bsz, topk, steps)
     m = scores.shape[1]
-    cfg = SageConfig(
+    cfg = AlgorithmConfig(
         **{k: data.draw(st.sampled_from(v)) for k, v in SWITCHES.items()},
         n_max=data.draw(st.integers(1, 12)),
         theta0=data.draw(st.sampled_from([0.0, 0.1, 0.3])),
@@ -117,7 +117,7 @@ def test_confident_request_goes_deep_unsure_request_goes_wide():
     scores = torch.cat([lvl1, lvl2, lvl3])[None].repeat(2, 1)
     plist = torch.tensor([[-1, 0, 1, 2, 3, 4, 5]]).repeat(2, 1)
     cands = eagle_beam_candidates(scores, plist, topk)
-    cfg = SageConfig(theta0=0.0, rerank_pool="kept")  # the paper's levels choose the verified nodes
+    cfg = AlgorithmConfig(theta0=0.0, rerank_pool="kept")  # the paper's levels choose the verified nodes
     sel = select_shaped(cands, torch.tensor([3, 1]), torch.tensor([1, 3]), 3, cfg)
     assert sel.index[0].tolist() == [0, 3, 12]  # a, a->a, a->a->a
     assert sel.index[1].tolist() == [0, 1, 2]  # a, b, c
@@ -137,7 +137,7 @@ def test_beam_pool_verifies_the_most_probable_paths_whatever_the_plan():
     depth, width = torch.tensor([3, 1]), torch.tensor([1, 3])  # a chain plan (kept a, a->a, a->a->a); a wide one
 
     def select(n: int, pool: str) -> ShapedSelection:
-        return select_shaped(cands, depth, width, n, SageConfig(theta0=0.0, rerank_pool=pool))
+        return select_shaped(cands, depth, width, n, AlgorithmConfig(theta0=0.0, rerank_pool=pool))
 
     beam = select(4, "beam")
     assert beam.index.tolist() == [[0, 1, 2, 3]] * 2  # a .5, b .3, c .2, a->a .25
@@ -154,7 +154,7 @@ def test_first_round_keeps_the_static_tree_the_beam_holds():
     scores = torch.tensor([[0.6, 0.3, 0.54, 0.03, 0.15, 0.12]])
     plist = torch.tensor([[-1, 0, 1]])
     cands = eagle_beam_candidates(scores, plist, topk)
-    cfg = SageConfig(static_tree=((0,), (1,), (0, 1), (1, 1)), k=2, w_min=1, w_max=2)
+    cfg = AlgorithmConfig(static_tree=((0,), (1,), (0, 1), (1, 1)), k=2, w_min=1, w_max=2)
     for pool in ("beam", "children", "kept"):
         cfg = cfg.replace(rerank_pool=pool)
         sel = select_shaped(cands, torch.tensor([1]), torch.tensor([1]), 4, cfg, torch.tensor([True]))

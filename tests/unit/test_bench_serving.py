@@ -95,7 +95,7 @@ def test_method_args_launch_sglangs_own_modes_with_the_same_draft():
     parser = argparse.ArgumentParser()
     add_sage_arguments(parser)
     cli = SageCliArgs.from_namespace(parser.parse_args(["--sage-tiers", "[[0, 1], [4, 8]]", *single[-2:]]))
-    assert build_sage_config(cli).tiers == ()  # the last flag wins: no tiers
+    assert build_sage_config(cli).serving.tiers == ()  # the last flag wins: no tiers
     chain = method_args("standalone", CPU_CONFIG, t, d, None)
     flags = dict(zip(chain, chain[1:]))
     assert flags["--speculative-algorithm"] == "STANDALONE" and flags["--speculative-draft-model-path"] == "/d"

@@ -8,13 +8,13 @@ import torch
 from sage_plugin.bench.report import category_table, summarize
 from sage_plugin.bench.run import MethodResult
 from sage_plugin.bench.sweep import oracle_tau, sweep_methods, sweep_summary, sweep_table
-from sage_plugin.config import ConfigError, SageConfig
+from sage_plugin.config import AlgorithmConfig, ConfigError, SageConfig
 from sage_plugin.engines.speculative import RoundLog
 
 
 def test_sweep_methods_hold_every_budget():
     methods = sweep_methods(SageConfig(), [4, 32])
-    specs = {s.name: s.config for s in methods}
+    specs = {s.name: s.config.algorithm for s in methods}
     names = ("eagle2", "topn", "static", "sage", "sage-paper", "sage-paper-calibrated", "sage-rerank", "sage-children",
              "sage-auto")  # fmt: skip
     assert set(specs) == {f"{m}@{n}" for m in names for n in (4, 32)}
@@ -27,7 +27,9 @@ def test_sweep_methods_hold_every_budget():
         for m in ("sage-paper", "sage", "sage-auto", "sage-children"):
             assert specs[f"{m}@{n}"].max_tree_nodes == n, m  # no 25-node round 1
         assert specs[f"sage-paper@{n}"].node_budget == "fixed" and specs[f"sage-paper@{n}"].rerank_pool == "kept"
-        assert specs[f"sage@{n}"] == SageConfig(n_max=n, first_round_static=False, node_budget="fixed")  # the defaults
+        assert specs[f"sage@{n}"] == AlgorithmConfig(
+            n_max=n, first_round_static=False, node_budget="fixed"
+        )  # the defaults
         assert specs[f"sage-auto@{n}"].node_budget == "auto"
     static4 = specs["static@4"].static_tree
     assert static4 == ((0,), (1,), (2,), (3,))  # level order: the first 4 rank paths

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sage_plugin.config import ConfigError, SageConfig
+from sage_plugin.config import AlgorithmConfig, ConfigError, SageConfig
 from sage_plugin.core.calibration import calibrated_logp, calibration_bin, calibration_log_table, fit_calibration
 from sage_plugin.core.level_expansion import new_pool, propose
 from sage_plugin.core.policies import build_policy
@@ -99,7 +99,7 @@ def test_calibration_needs_the_online_topology():
 
 def test_config_round_trips_the_table():
     cfg = SageConfig().replace(calibration=[[0.1, 0.5], [0.2, 0.9]])
-    assert cfg.calibration == ((0.1, 0.5), (0.2, 0.9))
+    assert cfg.algorithm.calibration == ((0.1, 0.5), (0.2, 0.9))
     assert SageConfig.from_mapping(cfg.to_dict()) == cfg
 
 
@@ -119,7 +119,7 @@ def test_calibration_reorders_the_best_first_budget():
     """Two root children (0.5 and 0.4) with one kept child each (0.85 under the first, 0.95 under the second), budget
     3: raw values pick the first child's grandchild (0.425 > 0.38); a table that trusts 0.4 and 0.5 alike (0.7) and
     0.95 more than 0.85 (1.0 vs 0.8) picks the second's (0.7 > 0.56)."""
-    cfg = SageConfig(k=2, w_min=2, w_max=2, d_min=2, d_max=2, d_cap=2, n_max=3, theta0=0.0, first_round_static=False,
+    cfg = AlgorithmConfig(k=2, w_min=2, w_max=2, d_min=2, d_max=2, d_cap=2, n_max=3, theta0=0.0, first_round_static=False,
                      node_budget="fixed", use_history=False)  # fmt: skip
     probs = {(): [0.5, 0.4, 0.1], (0,): [0.85, 0.1, 0.05], (1,): [0.05, 0.95, 0.0]}
     trees = {}

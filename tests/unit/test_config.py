@@ -8,7 +8,7 @@ import math
 import pytest
 import yaml
 
-from sage_plugin.config import MC_SIM_7B_63, ConfigError, SageConfig, from_mapping
+from sage_plugin.config import MC_SIM_7B_63, AlgorithmConfig, ConfigError, SageConfig, from_mapping, knob_fields
 from sage_plugin.core.sage import pool_of
 
 # field -> bad values (each alone, all other fields at their defaults)
@@ -83,7 +83,7 @@ BAD_VALUES: dict[str, list] = {
 
 
 def test_every_field_has_bad_values():
-    assert set(BAD_VALUES) == {f.name for f in dataclasses.fields(SageConfig)}
+    assert set(BAD_VALUES) == {f.name for f in knob_fields()}
 
 
 @pytest.mark.parametrize("name,value", [(n, v) for n, vs in BAD_VALUES.items() for v in vs])
@@ -95,7 +95,7 @@ def test_bad_value_raises_config_error_naming_the_field(name, value):
 
 
 def test_defaults_are_valid_and_match_the_paper():
-    cfg = SageConfig()
+    cfg = SageConfig().algorithm
     assert (cfg.k, cfg.d_min, cfg.d_max, cfg.w_min, cfg.w_max, cfg.n_max) == (10, 3, 8, 2, 10, 64)
     assert cfg.theta0 == 0.1 and cfg.alpha_init == 0.5
     assert (cfg.history_window, cfg.history_lo, cfg.history_hi) == (10, 2.0, 3.0)
@@ -128,7 +128,7 @@ def test_from_mapping_unknown_key():
 
 def test_from_mapping_converts_static_tree_lists():
     cfg = from_mapping({"static_tree": [[0], [1], [0, 0]], "policy": "static"})
-    assert cfg.static_tree == ((0,), (1,), (0, 0))
+    assert cfg.algorithm.static_tree == ((0,), (1,), (0, 0))
     with pytest.raises(ConfigError) as err:
         from_mapping({"static_tree": "0,1"})
     assert "static_tree" in str(err.value)
@@ -162,7 +162,7 @@ def test_yaml_partial_and_bad(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text("sage:\n  n_max: 32\n  alpha_source: fresh\nother: 1\n")
     cfg = SageConfig.from_yaml(path)
-    assert cfg.n_max == 32 and cfg.alpha_source == "fresh" and cfg.k == 10
+    assert cfg.algorithm.n_max == 32 and cfg.algorithm.alpha_source == "fresh" and cfg.algorithm.k == 10
     path.write_text("sage:\n  n_max: 0\n")
     with pytest.raises(ConfigError, match="n_max"):
         SageConfig.from_yaml(path)
@@ -175,11 +175,14 @@ def test_yaml_partial_and_bad(tmp_path):
 
 def test_replace():
     cfg = SageConfig()
-    new = cfg.replace(n_max=16, policy="chain")
-    assert (new.n_max, new.policy) == (16, "chain")
-    assert cfg.n_max == 64 and cfg.policy == "sage"
-    assert dataclasses.replace(new, n_max=64, policy="sage") == cfg
-    assert new.replace(static_tree=[[0], [0, 0]]).static_tree == ((0,), (0, 0))
+    new = cfg.replace(n_max=16, policy="chain", tier_off_lag=4)
+    assert (new.algorithm.n_max, new.algorithm.policy, new.serving.tier_off_lag) == (16, "chain", 4)
+    assert cfg.algorithm.n_max == 64 and cfg.algorithm.policy == "sage" and cfg.serving.tier_off_lag == 0
+    assert (
+        dataclasses.replace(new, algorithm=new.algorithm.replace(n_max=64, policy="sage"), serving=cfg.serving) == cfg
+    )
+    assert new.replace(static_tree=[[0], [0, 0]]).algorithm.static_tree == ((0,), (0, 0))
+    assert new.algorithm.replace(static_tree=[[0], [0, 0]]).static_tree == ((0,), (0, 0))
     with pytest.raises(ConfigError, match="n_max"):
         cfg.replace(n_max=-1)
     with pytest.raises(ConfigError, match="bogus"):
@@ -194,27 +197,59 @@ def test_reranking_needs_the_online_topology():
 
 @pytest.mark.parametrize("pool", ["kept", "children", "beam"])
 def test_the_planned_topology_builds_the_kept_tree_whatever_the_pool(pool):
-    planned = SageConfig(topology="planned", rerank_pool=pool)
-    assert pool_of(planned) == "kept" and pool_of(SageConfig(rerank_pool=pool)) == pool
-    assert planned.max_tree_nodes == SageConfig(topology="planned", rerank_pool="kept").max_tree_nodes
+    planned = AlgorithmConfig(topology="planned", rerank_pool=pool)
+    assert pool_of(planned) == "kept" and pool_of(AlgorithmConfig(rerank_pool=pool)) == pool
+    assert planned.max_tree_nodes == AlgorithmConfig(topology="planned", rerank_pool="kept").max_tree_nodes
 
 
 def test_derived_sizes():
     for pool in ("kept", "children"):  # the plan's depth: d_cap with history, d_max without, the static tree's
-        assert SageConfig(rerank_pool=pool).max_tree_depth == 10
-        assert SageConfig(rerank_pool=pool, use_history=False).max_tree_depth == 8
+        assert AlgorithmConfig(rerank_pool=pool).max_tree_depth == 10
+        assert AlgorithmConfig(rerank_pool=pool, use_history=False).max_tree_depth == 8
         kw = dict(rerank_pool=pool, use_history=False, d_max=4, d_cap=4)
-        assert SageConfig(**kw, first_round_static=True).max_tree_depth == 5
-        assert SageConfig(**kw, first_round_static=False).max_tree_depth == 4
+        assert AlgorithmConfig(**kw, first_round_static=True).max_tree_depth == 5
+        assert AlgorithmConfig(**kw, first_round_static=False).max_tree_depth == 4
     # the beam (the default pool) grows to beam_depth whatever the plan; the plan's depth is what SGLang drafts
-    assert SageConfig().max_tree_depth == 16 and SageConfig().max_plan_depth == 10
-    assert SageConfig(beam_depth=4, first_round_static=False).max_tree_depth == 4
-    assert SageConfig(beam_depth=4).max_tree_depth == 5  # the static first tree is 5 deep
-    assert SageConfig(use_history=False, beam_depth=4, first_round_static=False).max_plan_depth == 8
-    assert SageConfig(topology="planned").max_tree_depth == 10  # the planned replay builds the kept tree
-    assert SageConfig(n_max=10, rerank_pool="kept").max_tree_nodes == 25  # the static first round is not cut
-    assert SageConfig(n_max=10).max_tree_nodes == 10  # the beam's rerank to n_max cuts every round, the first too
-    assert SageConfig(n_max=10, first_round_static=False).max_tree_nodes == 10
-    assert SageConfig(policy="eagle2").max_tree_nodes == 60
-    assert SageConfig(policy="chain", chain_depth=4).max_tree_nodes == 4
-    assert SageConfig(policy="static").max_tree_nodes == 25 and SageConfig(policy="static").max_tree_depth == 5
+    assert AlgorithmConfig().max_tree_depth == 16 and AlgorithmConfig().max_plan_depth == 10
+    assert AlgorithmConfig(beam_depth=4, first_round_static=False).max_tree_depth == 4
+    assert AlgorithmConfig(beam_depth=4).max_tree_depth == 5  # the static first tree is 5 deep
+    assert AlgorithmConfig(use_history=False, beam_depth=4, first_round_static=False).max_plan_depth == 8
+    assert AlgorithmConfig(topology="planned").max_tree_depth == 10  # the planned replay builds the kept tree
+    assert AlgorithmConfig(n_max=10, rerank_pool="kept").max_tree_nodes == 25  # the static first round is not cut
+    assert AlgorithmConfig(n_max=10).max_tree_nodes == 10  # the beam's rerank to n_max cuts every round, the first too
+    assert AlgorithmConfig(n_max=10, first_round_static=False).max_tree_nodes == 10
+    assert AlgorithmConfig(policy="eagle2").max_tree_nodes == 60
+    assert AlgorithmConfig(policy="chain", chain_depth=4).max_tree_nodes == 4
+    assert (
+        AlgorithmConfig(policy="static").max_tree_nodes == 25 and AlgorithmConfig(policy="static").max_tree_depth == 5
+    )
+
+
+def test_sections_compose_the_config_and_each_field_has_one_home():
+    """Flat fields go to the section of the layer that reads them; a section object may be given whole, with flat
+    fields of that section applied on top; names are unique across sections and the flat view round-trips."""
+    from sage_plugin.config import KNOBS, SECTIONS, CpuConfig, RuntimeConfig, ServingConfig, VlmConfig
+
+    assert list(SECTIONS) == ["algorithm", "serving", "cpu", "runtime", "vlm"]
+    assert {KNOBS[n] for n in ("d_max", "eagle_depth", "static_tree", "cost_refresh")} == {"algorithm"}
+    assert {KNOBS[n] for n in ("tiers", "tier_off_lag", "ragged_verify")} == {"serving"}
+    assert (KNOBS["cpu_lean_draft"], KNOBS["tp_sync"], KNOBS["prune_ratio_video"]) == ("cpu", "runtime", "vlm")
+    assert [f.name for f in knob_fields()] == list(KNOBS)
+    cfg = SageConfig(d_max=6, tier_off_lag=128, cpu_draft_dtype="float32", tp_sync="tree", prune_ratio_image=0.5)
+    assert cfg.algorithm == AlgorithmConfig(d_max=6) and cfg.serving == ServingConfig(tier_off_lag=128)
+    assert cfg.cpu == CpuConfig(cpu_draft_dtype="float32") and cfg.runtime == RuntimeConfig(tp_sync="tree")
+    assert cfg.vlm == VlmConfig(prune_ratio_image=0.5)
+    for name, value in cfg.to_dict().items():  # rows (static_tree, calibration, tiers) flatten to lists
+        got = cfg.knob(name)
+        assert ([list(row) for row in got] if isinstance(got, tuple) else got) == value, name
+    assert from_mapping(cfg.to_dict()) == cfg == cfg.replace()
+    given = SageConfig(algorithm=AlgorithmConfig(d_max=6), d_min=2, tier_off_lag=1)
+    assert (given.algorithm.d_min, given.algorithm.d_max, given.serving.tier_off_lag) == (2, 6, 1)
+    with pytest.raises(ConfigError, match="algorithm must be a AlgorithmConfig, got ServingConfig"):
+        SageConfig(algorithm=ServingConfig())
+    with pytest.raises(ConfigError, match="unknown SAGE option"):
+        SageConfig(tier_probe=3)
+    with pytest.raises(ConfigError, match="d_min must be an integer in \\[1, 64\\]"):
+        SageConfig(algorithm=AlgorithmConfig(), d_min=0)
+    with pytest.raises(KeyError):
+        cfg.knob("algorithm")

@@ -29,7 +29,7 @@ def test_every_field_has_a_row_with_meaning_range_and_runtimes():
     rows = list(field_rows())
     assert [r.name for r in rows] == _leaf_fields(SageConfig)
     for r in rows:
-        assert r.meaning, f"{r.name}: add a comment beside its declaration in sage_plugin/config/__init__.py"
+        assert r.meaning, f"{r.name}: add a comment beside its declaration in sage_plugin/config/sections.py"
         assert r.allowed and r.allowed != "any value", r
         assert r.flag == "--sage-" + r.name.replace("_", "-")
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from sage_plugin.config import ConfigError, SageConfig
+from sage_plugin.config import AlgorithmConfig, ConfigError
 from sage_plugin.core.cost import RoundCost, best_count, cheapest_at_least, expected_yield, next_level_can_pay
 from sage_plugin.core.level_expansion import budget_top_n, new_pool
 from sage_plugin.core.policies import build_policy
@@ -119,12 +119,12 @@ def test_round_cost_padded_runs_cheaper_sizes():
 
 
 def test_config_node_budget_is_validated():
-    assert SageConfig().node_budget == "auto"
+    assert AlgorithmConfig().node_budget == "auto"
     with pytest.raises(ConfigError, match="node_budget must be one of auto, fixed"):
-        SageConfig(node_budget="gpu")
+        AlgorithmConfig(node_budget="gpu")
 
 
-def _build(cfg: SageConfig, seed: int, bsz: int = 3):
+def _build(cfg: AlgorithmConfig, seed: int, bsz: int = 3):
     """Drive SAGE over random draft distributions; return (policy, plan, pool)."""
     pol = build_policy(cfg)
     gen = torch.Generator().manual_seed(seed)
@@ -149,7 +149,7 @@ def _build(cfg: SageConfig, seed: int, bsz: int = 3):
 @pytest.mark.parametrize("pool_kind", ["kept", "beam"])
 @pytest.mark.parametrize("seed", range(6))
 def test_sage_auto_cut_is_the_naive_best_first_cut_and_a_tree(seed, pool_kind):
-    cfg = SageConfig(rerank_pool=pool_kind)
+    cfg = AlgorithmConfig(rerank_pool=pool_kind)
     pol, plan, pool = _build(cfg, seed)
     full = pol.finalize(plan, pool)  # no measured cost: the whole tree (kept, the paper's) or its n_max best (beam)
     n_nodes = pol.pool_capacity - 1
@@ -174,7 +174,7 @@ def test_sage_auto_cut_is_the_naive_best_first_cut_and_a_tree(seed, pool_kind):
 
 
 def test_sage_auto_keeps_everything_on_a_flat_cost_and_fixed_ignores_cost():
-    pol, plan, pool = _build(SageConfig(), 11)
+    pol, plan, pool = _build(AlgorithmConfig(), 11)
     n_nodes = pol.pool_capacity - 1
     flat = RoundCost(torch.full((n_nodes + 1,), 30.0), 3.0).round_ms(4, n_nodes)
     steep = RoundCost(30.0 + 100.0 * torch.arange(n_nodes + 1, dtype=torch.float32), 3.0).round_ms(4, n_nodes)
@@ -183,15 +183,15 @@ def test_sage_auto_keeps_everything_on_a_flat_cost_and_fixed_ignores_cost():
     assert bool(pol.keep_drafting(pool, 1, flat))
     assert int(pol.finalize(plan, pool, steep).num_nodes.max()) == 1, "a token costing 3 plain steps never pays"
     assert not bool(pol.keep_drafting(pool, 1, steep))
-    fixed_pol, fplan, fpool = _build(SageConfig(node_budget="fixed"), 11)
+    fixed_pol, fplan, fpool = _build(AlgorithmConfig(node_budget="fixed"), 11)
     assert not fixed_pol.wants_cost
     assert torch.equal(fixed_pol.finalize(fplan, fpool, steep).num_nodes, full.num_nodes)
     for policy in ("eagle2", "static", "chain"):
-        assert not build_policy(SageConfig(policy=policy)).wants_cost
+        assert not build_policy(AlgorithmConfig(policy=policy)).wants_cost
 
 
 def test_keep_drafting_asks_whether_the_newest_level_is_in_the_cut():
-    pol, plan, pool = _build(SageConfig(), 3, bsz=1)
+    pol, plan, pool = _build(AlgorithmConfig(), 3, bsz=1)
     n_nodes = pol.pool_capacity - 1
     deepest = int(pool.depths[0, : int(pool.count[0])].max())
     assert deepest >= 2
@@ -208,7 +208,7 @@ def test_keep_drafting_asks_whether_the_newest_level_is_in_the_cut():
 def test_next_level_bound_matches_a_naive_oracle(seed, bsz, draft_ms, slope):
     """The look-ahead bound against lists: the rate now, and with one virtual child per node of the level carrying its
     parent's probability under one more forward."""
-    pol, _, pool = _build(SageConfig(), seed, bsz=bsz)
+    pol, _, pool = _build(AlgorithmConfig(), seed, bsz=bsz)
     n_nodes = pol.pool_capacity - 1
     cost = RoundCost(30.0 + slope * torch.arange(n_nodes + 1, dtype=torch.float32), draft_ms)
     now_ms, next_ms = cost.round_ms(3, n_nodes), cost.round_ms(4, n_nodes)
@@ -229,14 +229,14 @@ def test_lookahead_stops_a_level_whose_forward_cannot_pay():
     """A cheap verify keeps every drafted level in the cut; the look-ahead still stops when one more draft forward
     costs more than the best the next level could add, and not when it is cheap; ``lookahead: false`` is the cut
     rule alone."""
-    pol, _, pool = _build(SageConfig(), 5, bsz=1)
+    pol, _, pool = _build(AlgorithmConfig(), 5, bsz=1)
     n_nodes = pol.pool_capacity - 1
     verify = 30.0 + 0.01 * torch.arange(n_nodes + 1, dtype=torch.float32)
     cheap, dear = RoundCost(verify, 0.01), RoundCost(verify, 500.0)
     assert bool(pol.keep_drafting(pool, 1, cheap.round_ms(2, n_nodes)))
     assert bool(pol.keep_drafting(pool, 1, cheap.round_ms(2, n_nodes), cheap.round_ms(3, n_nodes)))
     assert not bool(pol.keep_drafting(pool, 1, dear.round_ms(2, n_nodes), dear.round_ms(3, n_nodes)))
-    off, _, off_pool = _build(SageConfig(lookahead=False), 5, bsz=1)
+    off, _, off_pool = _build(AlgorithmConfig(lookahead=False), 5, bsz=1)
     assert bool(off.keep_drafting(off_pool, 1, dear.round_ms(2, n_nodes), dear.round_ms(3, n_nodes)))
 
 
@@ -249,7 +249,7 @@ def test_keep_drafting_is_the_naive_cut_and_lookahead_under_the_rerank_cap(seed,
     """SAGE's per-level test (one ranking of the pool: ``core.cost.level_pays``) against lists: the best-first cut of
     at most ``n_max`` nodes (the beam's rerank) holds a node of the level, and the level's look-ahead bound beats the
     rate now."""
-    pol, _, pool = _build(SageConfig(n_max=n_max), seed, bsz=bsz)
+    pol, _, pool = _build(AlgorithmConfig(n_max=n_max), seed, bsz=bsz)
     n_nodes = pol.pool_capacity - 1
     cost = RoundCost(30.0 + slope * torch.arange(n_nodes + 1, dtype=torch.float32), draft_ms)
     now_ms, next_ms = cost.round_ms(3, n_nodes), cost.round_ms(4, n_nodes)

@@ -87,7 +87,7 @@ def test_gpu_config_is_a_serving_config(path):
     # tiers down to speculation off: on an H200 the full shape costs several plain steps at 32 requests
     # (docs/benchmarks.md, "What a verify costs on a GPU"); the deepest tier is the shape sage-d-cap / sage-n-max describe
     assert (0, 1) in [(t.steps, t.draft_tokens) for t in sizes.tiers]
-    assert (sizes.num_steps, sizes.num_draft_tokens) == (cfg.d_cap, cfg.n_max + 1)
+    assert (sizes.num_steps, sizes.num_draft_tokens) == (cfg.algorithm.d_cap, cfg.algorithm.n_max + 1)
     draft = data.get("speculative-draft-model-path")
     if kind == "standalone":
         assert draft, "a standalone draft is named in the file"

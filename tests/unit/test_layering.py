@@ -268,10 +268,11 @@ def _params_reads(tree: ast.AST) -> set[str]:
 
 def test_the_core_reads_only_its_params_and_the_config_provides_them():
     """``core.params.SageParams`` is the core's whole view of a configuration: every attribute the core and the
-    serving layer read off one is declared there, and ``SageConfig`` declares each with the same type."""
+    serving layer read off one is declared there, and the config's algorithm section (``AlgorithmConfig``, what the
+    runtimes hand the core) declares each with the same type."""
     from typing import get_type_hints
 
-    from sage_plugin.config import SageConfig
+    from sage_plugin.config import AlgorithmConfig
     from sage_plugin.core.params import SageParams
 
     declared = {name for name, value in vars(SageParams).items() if isinstance(value, property)}
@@ -281,7 +282,7 @@ def test_the_core_reads_only_its_params_and_the_config_provides_them():
             read |= _params_reads(ast.parse(path.read_text()))
     assert read, "no SageParams reads found: the scan is broken"
     assert read <= declared, f"read but not in SageParams: {sorted(read - declared)}"
-    config = get_type_hints(SageConfig)
+    config = get_type_hints(AlgorithmConfig)
     wrong = {n: (get_type_hints(getattr(SageParams, n).fget)["return"], config.get(n)) for n in declared
              if get_type_hints(getattr(SageParams, n).fget)["return"] != config.get(n)}  # fmt: skip
-    assert not wrong, f"SageParams and SageConfig disagree: {wrong}"
+    assert not wrong, f"SageParams and AlgorithmConfig disagree: {wrong}"

@@ -131,7 +131,7 @@ def test_the_kernel_runs_the_forward_and_leaves_wide_calls_to_the_operator_path(
 
 
 def test_cpu_lean_draft_switches_the_engines_draft_forward():
-    """``SpecEngine.use_lean_draft`` (``SageConfig.cpu_lean_draft``, the run's draft in ``sage bench``): on by default,
+    """``SpecEngine.use_lean_draft`` (``CpuConfig.cpu_lean_draft``, the run's draft in ``sage bench``): on by default,
     off gives transformers' forward back, on again rebuilds the lean decoder."""
     from sage_plugin.engines.speculative import SpecEngine
 

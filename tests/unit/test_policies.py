@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sage_plugin.config import MC_SIM_7B_63, SageConfig
+from sage_plugin.config import MC_SIM_7B_63, AlgorithmConfig
 from sage_plugin.core.level_expansion import new_pool
 from sage_plugin.core.policies import POLICIES, PolicyState, build_policy, policy_class
 from sage_plugin.core.sage import pool_of
@@ -114,7 +114,7 @@ def tree_paths(tokens, parents, n):
     return paths
 
 
-def run_fast(cfg: SageConfig, world: World, reqs, rounds: int, starts=None) -> dict:
+def run_fast(cfg: AlgorithmConfig, world: World, reqs, rounds: int, starts=None) -> dict:
     """Drive the batched policy like a runtime; requests join at ``starts`` (global rounds)."""
     pol = build_policy(cfg)
     starts = starts or [0] * len(reqs)
@@ -196,7 +196,7 @@ def run_fast(cfg: SageConfig, world: World, reqs, rounds: int, starts=None) -> d
     return out
 
 
-def run_ref(cfg: SageConfig, world: World, req: int, rounds: int):
+def run_ref(cfg: AlgorithmConfig, world: World, req: int, rounds: int):
     """The naive per-request loop; returns ``(rounds, ambiguous_from)``."""
     state = init_state_ref(cfg)
     root = world.first_root(req)
@@ -234,7 +234,7 @@ def run_ref(cfg: SageConfig, world: World, req: int, rounds: int):
     return out, None
 
 
-def policy_budget(cfg: SageConfig, first_round: bool) -> int:
+def policy_budget(cfg: AlgorithmConfig, first_round: bool) -> int:
     if cfg.policy == "sage":
         static = first_round and cfg.first_round_static
         pooled = pool_of(cfg) != "kept"  # every child pooled: only the rerank bounds the tree
@@ -244,7 +244,7 @@ def policy_budget(cfg: SageConfig, first_round: bool) -> int:
     return policy_class(cfg.policy).max_nodes_for(cfg)
 
 
-def check_invariants(cfg: SageConfig, rnd: Round):
+def check_invariants(cfg: AlgorithmConfig, rnd: Round):
     """Budget, ancestor closure, level order, depth bounds, padding, distinct siblings."""
     raw = rnd.raw
     n = raw["num_nodes"]
@@ -283,7 +283,9 @@ def compare(fast: list, ref: list, tag=""):
         assert f.alpha_next == pytest.approx(r.alpha_next, abs=2e-5), where
 
 
-def check_policy(cfg: SageConfig, seed: int, rounds: int = 4, nreq: int = 3, single: bool = True, sparse: float = 0.0):
+def check_policy(
+    cfg: AlgorithmConfig, seed: int, rounds: int = 4, nreq: int = 3, single: bool = True, sparse: float = 0.0
+):
     world = World(seed, sparse=sparse)
     reqs = list(range(nreq))
     fast = run_fast(cfg, world, reqs, rounds, starts=list(range(nreq)))
@@ -353,12 +355,14 @@ SAGE_VARIANTS = {
     theta0=st.sampled_from([0.0, 0.02, 0.1, 0.3]),
 )
 def test_sage_matches_reference(variant, seed, k, n_max, theta0):
-    cfg = SageConfig(**SAGE_BASE, **SAGE_VARIANTS[variant], k=k, w_min=min(2, k), w_max=k, n_max=n_max, theta0=theta0)
+    cfg = AlgorithmConfig(
+        **SAGE_BASE, **SAGE_VARIANTS[variant], k=k, w_min=min(2, k), w_max=k, n_max=n_max, theta0=theta0
+    )
     check_policy(cfg, seed, single=variant in ("default", "budget_parent_order", "calibrated", "rerank", "rerank_beam"))
 
 
 def test_sage_d_max_moves_and_first_round_is_static():
-    cfg = SageConfig(**SAGE_BASE, theta0=0.0, n_max=30)
+    cfg = AlgorithmConfig(**SAGE_BASE, theta0=0.0, n_max=30)
     fast, compared = check_policy(cfg, seed=7, rounds=8, nreq=2, single=False)
     assert compared >= 8
     for r in fast:
@@ -379,7 +383,7 @@ def test_sage_d_max_moves_and_first_round_is_static():
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), k=st.sampled_from([3, 4, 6]), depth=st.integers(1, 5), total=st.integers(1, 40))
 def test_eagle2_matches_reference(seed, k, depth, total):
-    cfg = SageConfig(
+    cfg = AlgorithmConfig(
         policy="eagle2",
         k=k,
         w_min=2,
@@ -395,7 +399,7 @@ def test_eagle2_matches_reference(seed, k, depth, total):
 @given(seed=st.integers(0, 2**31 - 1), k=st.sampled_from([3, 4, 6]), n=st.integers(1, 12),
        threshold=st.sampled_from([0.0, 0.05, 0.3, 2.0]), depth=st.integers(1, 6))  # fmt: skip
 def test_topn_matches_reference(seed, k, n, threshold, depth):
-    cfg = SageConfig(policy="topn", k=k, w_min=2, w_max=k, topn_nodes=n, topn_threshold=threshold,
+    cfg = AlgorithmConfig(policy="topn", k=k, w_min=2, w_max=k, topn_nodes=n, topn_threshold=threshold,
                      topn_max_depth=depth, static_tree=((0,), (1,), (0, 0)))  # fmt: skip
     fast, _ = check_policy(cfg, seed, rounds=2)
     for r in fast:
@@ -410,7 +414,7 @@ def test_the_oracle_covers_every_registered_policy():
 
 
 def test_eagle2_paper_defaults():
-    cfg = SageConfig(policy="eagle2")  # depth 7, top-k 10, 60 nodes
+    cfg = AlgorithmConfig(policy="eagle2")  # depth 7, top-k 10, 60 nodes
     fast, compared = check_policy(cfg, seed=4, rounds=2, nreq=2, single=False)
     assert compared >= 3
     assert all(rd.raw["num_nodes"] == 61 for r in fast for rd in fast[r])
@@ -419,7 +423,7 @@ def test_eagle2_paper_defaults():
 @settings(max_examples=6, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), depth=st.integers(1, 7))
 def test_chain_matches_reference(seed, depth):
-    cfg = SageConfig(policy="chain", chain_depth=depth)
+    cfg = AlgorithmConfig(policy="chain", chain_depth=depth)
     fast, _ = check_policy(cfg, seed, rounds=3)
     for r in fast:
         for rd in fast[r]:
@@ -430,7 +434,7 @@ def test_chain_matches_reference(seed, depth):
 @settings(max_examples=5, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1))
 def test_static_matches_reference_and_is_mc_sim_7b_63(seed):
-    cfg = SageConfig(policy="static")
+    cfg = AlgorithmConfig(policy="static")
     fast, _ = check_policy(cfg, seed, rounds=2)
     for r in fast:
         for rd in fast[r]:
@@ -443,7 +447,7 @@ def test_static_matches_reference_and_is_mc_sim_7b_63(seed):
 
 def test_static_custom_tree():
     choices = ((0,), (2,), (0, 1), (2, 0), (0, 1, 3))
-    cfg = SageConfig(policy="static", k=4, w_max=4, static_tree=choices)
+    cfg = AlgorithmConfig(policy="static", k=4, w_max=4, static_tree=choices)
     fast, _ = check_policy(cfg, seed=11, rounds=2)
     for r in fast:
         for rd in fast[r]:
@@ -458,7 +462,7 @@ def test_static_custom_tree():
 def test_zero_probability_candidates(policy, seed, n_max):
     """Draft distributions with fewer than k tokens of positive probability: impossible tokens are
     never candidates (the static topology then loses the missing rank paths)."""
-    cfg = SageConfig(
+    cfg = AlgorithmConfig(
         policy=policy,
         k=6,
         w_max=6,
@@ -510,7 +514,7 @@ def _example_world():
 
 def test_policies_docstring_worked_example():
     names, t, probs = _example_world()
-    cfg = SageConfig(
+    cfg = AlgorithmConfig(
         policy="sage", k=4, d_min=2, d_max=2, w_min=2, w_max=2, theta0=0.1, use_history=False, first_round_static=False,
         rerank_pool="kept",  # the example is the paper's levels (Eq. 10-12), not the beam pool
     )  # fmt: skip
@@ -574,7 +578,9 @@ def test_sage_levels_go_deep_with_a_perfect_draft(top1):
     of theta_l (open point 4) stops that path where its probability top1^l falls under theta0 * l / D, short of D: why
     the default compares theta_l with the node's own probability (see sage_plugin.config)."""
     world = PerfectWorld(3, top1)
-    default = SageConfig(rerank_pool="kept")  # the levels' own tree (no cost passed here: every built node verified)
+    default = AlgorithmConfig(
+        rerank_pool="kept"
+    )  # the levels' own tree (no cost passed here: every built node verified)
     assert default.threshold_on == "conditional"
     rounds = {}
     for reading in ("conditional", "joint"):
@@ -597,7 +603,7 @@ def test_a_restricted_vocabulary_builds_the_full_rows_tree(policy):
     gen = torch.Generator().manual_seed(7)
     vocab_size, bsz = 300, 2
     vocab = torch.sort(torch.randperm(vocab_size, generator=gen)[:40]).values
-    cfg = SageConfig(policy=policy, first_round_static=False)
+    cfg = AlgorithmConfig(policy=policy, first_round_static=False)
     pools = []
     for restricted in (False, True):
         pol = build_policy(cfg)

@@ -123,9 +123,9 @@ def test_forward_runs_on_the_live_rows_and_scatters_back():
 def test_a_ragged_verify_needs_the_flag_tiers_and_a_cpu():
     """Without the flag, without tiers (no off-tier price to set the threshold) or on CUDA a server verifies every
     node, and SGLang's tensor-parallel group is not consulted (the CPU, one-rank case runs in the e2e servers)."""
-    from sage_plugin.config import SageConfig
+    from sage_plugin.config import ServingConfig
 
     tiers = ((0, 1), (1, 2))
-    assert not ragged_runs(SageConfig(tiers=tiers), "cpu")
-    assert not ragged_runs(SageConfig(ragged_verify=True), "cpu")
-    assert not ragged_runs(SageConfig(ragged_verify=True, tiers=tiers), "cuda")
+    assert not ragged_runs(ServingConfig(tiers=tiers), "cpu")
+    assert not ragged_runs(ServingConfig(ragged_verify=True), "cpu")
+    assert not ragged_runs(ServingConfig(ragged_verify=True, tiers=tiers), "cuda")

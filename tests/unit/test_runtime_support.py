@@ -10,7 +10,6 @@ ConfigError naming the field (SGLang: its ``--sage-*`` flag) and the runtime.  T
 from __future__ import annotations
 
 import ast
-import dataclasses
 import re
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 
 import sage_plugin
 from sage_plugin.bench.methods import parse_methods
-from sage_plugin.config import ConfigError, SageConfig
+from sage_plugin.config import ConfigError, SageConfig, knob_fields
 from sage_plugin.engines.support import REFERENCE_SUPPORT
 from sage_plugin.runtimes.sglang.args import flag_name
 from sage_plugin.runtimes.sglang.support import SGLANG_SUPPORT
@@ -100,11 +99,11 @@ def _read_attributes(paths: list[str]) -> set[str]:
 
 
 def test_every_field_has_test_values():
-    assert set(OTHER_VALUES) == {f.name for f in dataclasses.fields(SageConfig)}
+    assert set(OTHER_VALUES) == {f.name for f in knob_fields()}
 
 
 def test_every_field_is_declared_by_every_runtime():
-    names = {f.name for f in dataclasses.fields(SageConfig)}
+    names = {f.name for f in knob_fields()}
     for support, *_ in RUNTIMES.values():
         assert set(support.honours) | set(support.not_read) == names, support.runtime
         assert not set(support.honours) & set(support.not_read), support.runtime

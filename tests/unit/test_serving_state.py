@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sage_plugin.config import SageConfig
+from sage_plugin.config import AlgorithmConfig
 from sage_plugin.serving.slots import SlotState
 from tests.oracles import Margin, history_init_ref, history_update_ref, plan_ref
 
@@ -22,7 +22,7 @@ from tests.oracles import Margin, history_init_ref, history_update_ref, plan_ref
     use_entropy=st.booleans(),
 )
 def test_slot_state_equals_per_request_runs(data, slots, topk, rounds, source, use_history, use_entropy):
-    cfg = SageConfig(
+    cfg = AlgorithmConfig(
         alpha_source=source,
         use_history=use_history,
         use_entropy=use_entropy,
@@ -76,7 +76,7 @@ def test_slot_state_equals_per_request_runs(data, slots, topk, rounds, source, u
 
 
 def test_confident_root_plans_deep_and_narrow():
-    cfg = SageConfig(alpha_source="fresh")
+    cfg = AlgorithmConfig(alpha_source="fresh")
     state = SlotState(cfg, 2)
     shape = state.plan(torch.tensor([0, 1]), torch.tensor([[0.97, 0.01, 0.01, 0.01], [0.25, 0.25, 0.25, 0.25]]))
     assert shape.depth.tolist() == [7, 3] and shape.width.tolist() == [3, 4]

@@ -24,7 +24,7 @@ OFF, SMALL, BIG = Tier(0, 1), Tier(2, 4), Tier(4, 8)
 # -- config -----------------------------------------------------------------------------------------------
 def test_config_tiers_round_trip_and_yaml_lists():
     cfg = SageConfig.from_mapping({"tiers": [[0, 1], [3, 5]]})
-    assert cfg.tiers == ((0, 1), (3, 5))
+    assert cfg.serving.tiers == ((0, 1), (3, 5))
     assert cfg.to_dict()["tiers"] == [[0, 1], [3, 5]]
     assert SageConfig.from_mapping(cfg.to_dict()) == cfg
 
@@ -60,7 +60,7 @@ def test_spec_sizes_take_the_largest_tier_and_bound_the_kv_reservation():
     cfg = SageConfig(k=4, w_max=4, tiers=((0, 1), (1, 2), (4, 8), (6, 11)))
     sizes = spec_sizes(cfg)
     assert (sizes.topk, sizes.num_steps, sizes.num_draft_tokens) == (4, 6, 11)
-    assert sizes.tiers == parse_tiers(cfg.tiers)
+    assert sizes.tiers == parse_tiers(cfg.serving.tiers)
     # the deepest tier drafts 6 x 4 tokens into the KV pool: more than any tier verifies
     assert sizes.max_alloc_per_decode == 24
 

@@ -88,7 +88,7 @@ def test_change_detection_rarely_fires_on_steady_noise():
 
 def test_tier_controls_are_the_config_choices():
     assert set(TIER_CONTROLS) == {"calibrated", "measured"}
-    assert SageConfig().tier_control == "calibrated" and SageConfig().tier_request_gate is False
+    assert SageConfig().serving.tier_control == "calibrated" and SageConfig().serving.tier_request_gate is False
     with pytest.raises(ConfigError, match="tier_control"):
         SageConfig(tier_control="adaptive")
 

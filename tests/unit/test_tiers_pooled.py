@@ -149,6 +149,6 @@ def test_level_models_run_the_best_tier_on_a_simulated_device(p, best, acceptanc
 
 
 def test_the_config_default_is_width():
-    assert SageConfig().tier_acceptance == "width"
+    assert SageConfig().serving.tier_acceptance == "width"
     with pytest.raises(ValueError):
         TierChooser(TIERS, acceptance="pool")

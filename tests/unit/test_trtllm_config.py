@@ -34,12 +34,12 @@ def test_launch_files_validate(path):
     launch = load_launch(path)
     if launch.tier == "drafter":
         assert launch.llm["disable_overlap_scheduler"] is True and "speculative_config" not in launch.llm
-        assert launch.draft.max_draft_len >= min(launch.sage.d_cap, launch.sage.n_max)
+        assert launch.draft.max_draft_len >= min(launch.sage.algorithm.d_cap, launch.sage.algorithm.n_max)
     else:
         spec = launch.llm["speculative_config"]
         assert spec["decoding_type"] == "Eagle3" and spec["use_dynamic_tree"] is True
-        assert launch.sage.k <= spec["dynamic_tree_max_topK"]
-    assert launch.sage.first_round_static is False and launch.sage.node_budget == "fixed"
+        assert launch.sage.algorithm.k <= spec["dynamic_tree_max_topK"]
+    assert launch.sage.algorithm.first_round_static is False and launch.sage.algorithm.node_budget == "fixed"
 
 
 @pytest.mark.parametrize("path", LAUNCHES, ids=lambda p: p.name)

@@ -65,11 +65,11 @@ def test_chain_length_is_eq10_capped_by_n_max_and_allocation():
     reqs = [request(0, 0, [1, 2]), request(1, 1, [3], allocated=2), request(2, 2, [5, 7])]
     drafter.prepare_draft_tokens(batch(*reqs))
     for req, rnd in zip(reqs, drafter.rounds):
-        probs = torch.softmax(runner.table[req._tokens[-1]], -1).topk(CFG.k).values
+        probs = torch.softmax(runner.table[req._tokens[-1]], -1).topk(CFG.algorithm.k).values
         from sage_plugin.core.entropy import topk_confidence
 
-        alpha = topk_confidence(probs.log()[None], CFG.k)
-        depth, _ = plan_shape(CFG, alpha, torch.tensor([CFG.d_max]))
+        alpha = topk_confidence(probs.log()[None], CFG.algorithm.k)
+        depth, _ = plan_shape(CFG.algorithm, alpha, torch.tensor([CFG.algorithm.d_max]))
         assert rnd.depth == int(depth) and rnd.alpha == pytest.approx(float(alpha))
         assert len(req.py_draft_tokens) == rnd.drafted == min(int(depth), req.py_draft_pages_allocated)
         chain = [int(runner.table[req._tokens[-1]].argmax())]

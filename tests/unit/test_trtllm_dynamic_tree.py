@@ -129,7 +129,7 @@ def test_install_patches_two_methods_once_and_uninstall_restores(worker_cls):
     original = {n: worker_cls.__dict__[n] for n in dynamic_tree.PATCHED}
     install_dynamic_tree_policy(CFG, worker_cls)
     install_dynamic_tree_policy(CFG.replace(theta0=0.2), worker_cls)  # guarded: updates the config only
-    assert worker_cls._sage_originals == original and worker_cls._sage_config.theta0 == 0.2
+    assert worker_cls._sage_originals == original and worker_cls._sage_config.algorithm.theta0 == 0.2
     assert worker_cls.sample is FakeDynamicTreeWorker.sample
     uninstall_dynamic_tree_policy(worker_cls)
     assert {n: worker_cls.__dict__[n] for n in dynamic_tree.PATCHED} == original
@@ -157,7 +157,7 @@ def _reference(worker, ref: SlotState, bs: int, ctx: int, accept: torch.Tensor, 
     cands = eagle_beam_candidates(
         worker.history_score_buffer[:bs], worker.history_draft_tokens_parent_buffer[:bs], worker.K
     )
-    index = select_shaped(cands, shape.depth, shape.width, total, cfg).index
+    index = select_shaped(cands, shape.depth, shape.width, total, cfg.algorithm).index
     top = torch.sort(torch.topk(worker.history_score_buffer[:bs], total).indices).values
     return torch.cat([top[:ctx], index[ctx:]])
 
@@ -168,7 +168,7 @@ def test_selected_nodes_are_select_shaped_and_shapes_are_fixed(worker_cls, pool)
     install_dynamic_tree_policy(cfg, worker_cls)
     k, depth, total, bs = 4, 3, 6, 5
     worker, plain = worker_cls(k, depth, total, 8, 6), FakeDynamicTreeWorker(k, depth, total, 8, 6)
-    ref = SlotState(cfg, 7)
+    ref = SlotState(cfg.algorithm, 7)
     gen = torch.Generator().manual_seed(0)
     differs = 0
     for step, (ctx, slots) in enumerate([(2, [0, 3, 1, 2, 6]), (0, [0, 3, 1, 2, 6]), (1, [4, 3, 1, 2, 6])]):

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sage_plugin.config import SageConfig
+from sage_plugin.config import AlgorithmConfig
 from sage_plugin.core.policies import build_policy
 from sage_plugin.data.prompts import load_prompts
 from sage_plugin.engines.lm import GenRequest
@@ -52,7 +52,7 @@ def _spec(engine: SpecEngine, processor, prompts, policy: str, batch: int):
     outs = []
     for i in range(0, len(prompts), batch):
         # fixed budget: real trees whatever this machine's timings (auto would size them to the verify cost)
-        cfg = SageConfig(policy=policy, node_budget="fixed")
+        cfg = AlgorithmConfig(policy=policy, node_budget="fixed")
         outs += engine.generate(_requests(processor, prompts[i : i + batch]), SP, build_policy(cfg))
     return [o.tokens for o in outs], outs
 

@@ -240,9 +240,9 @@ class SageSpecAlgo(CustomSpecAlgo):
         view = resolving_view(server_args)
         n = view.speculative_num_draft_tokens
         cfg = sage_config_of(server_args)
-        if n is None or not cfg.tiers:
+        if n is None or not cfg.serving.tiers:
             return n
-        sizes = SpecSizes(view.speculative_eagle_topk, view.speculative_num_steps, n, parse_tiers(cfg.tiers))
+        sizes = SpecSizes(view.speculative_eagle_topk, view.speculative_num_steps, n, parse_tiers(cfg.serving.tiers))
         return max(n, sizes.max_alloc_per_decode)
 
     def handle_server_args(self, server_args: Any) -> None:
@@ -282,7 +282,7 @@ class SageSpecAlgo(CustomSpecAlgo):
         )
         if server_args.max_running_requests is None:
             server_args.max_running_requests = 48
-        if not server_args.disable_overlap_schedule and server_args.device == "cpu" and not cfg.cpu_overlap:
+        if not server_args.disable_overlap_schedule and server_args.device == "cpu" and not cfg.cpu.cpu_overlap:
             server_args.disable_overlap_schedule = True
             logger.info("SAGE: overlap scheduling off on CPU (--sage-cpu-overlap true keeps it on)")
         if server_args.enable_mixed_chunk:

@@ -45,7 +45,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from sage_plugin.config import ConfigError, SageConfig, from_mapping, read_sage_yaml
+from sage_plugin.config import ConfigError, SageConfig, from_mapping, knob_fields, read_sage_yaml
 from sage_plugin.serving.tiers import Tier, parse_tiers
 
 __all__ = [
@@ -157,7 +157,7 @@ def _kind(f: dataclasses.Field) -> str:
 #: One flag per SageConfig field, in field order.
 FLAGS: tuple[SageFlag, ...] = tuple(
     SageFlag(field=f.name, flag=flag_name(f.name), dest="sage_" + f.name, kind=_kind(f), default=f.default)
-    for f in dataclasses.fields(SageConfig)
+    for f in knob_fields()
 )
 _BY_FIELD = {f.field: f for f in FLAGS}
 
@@ -268,7 +268,7 @@ def build_sage_config(cli: SageCliArgs | None) -> SageConfig:
 
     >>> build_sage_config(None) == SageConfig()
     True
-    >>> build_sage_config(SageCliArgs(overrides={"d_max": 5, "use_history": False})).max_plan_depth
+    >>> build_sage_config(SageCliArgs(overrides={"d_max": 5, "use_history": False})).algorithm.max_plan_depth
     5
     """
     cli = cli or SageCliArgs()
@@ -341,13 +341,13 @@ def spec_sizes(
         )
     if num_steps is not None and num_steps < 1:
         raise ConfigError(f"--speculative-num-steps must be >= 1 with --speculative-algorithm sage, got {num_steps}")
-    topk = topk if topk is not None else min(cfg.k, MAX_DERIVED_TOPK)
-    if cfg.tiers:
+    topk = topk if topk is not None else min(cfg.algorithm.k, MAX_DERIVED_TOPK)
+    if cfg.serving.tiers:
         return _tier_sizes(cfg, topk, num_steps, num_draft_tokens)
-    num_steps = num_steps if num_steps is not None else cfg.max_plan_depth
+    num_steps = num_steps if num_steps is not None else cfg.algorithm.max_plan_depth
     most = _candidates(topk, num_steps) + 1
     if num_draft_tokens is None:
-        num_draft_tokens = min(cfg.max_tree_nodes + 1, most)
+        num_draft_tokens = min(cfg.algorithm.max_tree_nodes + 1, most)
     elif not 2 <= num_draft_tokens <= most:
         raise ConfigError(
             f"--speculative-num-draft-tokens must be in [2, {most}] with --speculative-algorithm sage "
@@ -363,7 +363,7 @@ def _tier_sizes(cfg: SageConfig, topk: int, num_steps: int | None, num_draft_tok
         raise ConfigError(
             f"{flag} sets the draft shapes: leave --speculative-num-steps and --speculative-num-draft-tokens unset"
         )
-    tiers = parse_tiers(cfg.tiers)
+    tiers = parse_tiers(cfg.serving.tiers)
     for t in tiers:
         if not t.off and t.draft_tokens - 1 > _candidates(topk, t.steps):
             raise ConfigError(

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ...config import SageConfig
+from ...config import CpuConfig
 from ...kernels.linear import rows_kernel, stored_as
 
 __all__ = ["DraftHeadRows", "rank_head_ids", "store_draft_linears"]
@@ -40,12 +40,12 @@ def _is_plain_layer(module: Any) -> bool:
     )
 
 
-def store_draft_linears(model: Any, cfg: SageConfig, shared: Any = None) -> int:
+def store_draft_linears(model: Any, cfg: CpuConfig, shared: Any = None) -> int:
     """Store the draft ``model``'s plain linear weights and head in bfloat16 (``cfg.cpu_draft_dtype``), in place.
 
     Args:
         model: the draft runner's model.
-        cfg: the server's SAGE config (``float32``: nothing changes).
+        cfg: the server's CPU section (``float32``: nothing changes).
         shared: a model whose parameters must not change (the target, whose embedding / head an EAGLE head shares).
 
     Returns:

@@ -20,7 +20,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 from sglang.srt.utils import is_hip
 
-from sage_plugin.config import SageConfig
+from sage_plugin.config import RuntimeConfig, SageConfig
 from sage_plugin.models import draft_head_ids
 from sage_plugin.serving.slots import SlotState
 from sage_plugin.serving.tiers import parse_tiers
@@ -59,31 +59,31 @@ class SageDraftMixin(EagleDraftWorkerBase):
         self.sage_lag: DraftLag | None = None
         #: seconds the current step's catch-up took (0: none ran); the worker prices it apart from the step
         self.sage_catch_up_seconds = 0.0
-        self.sage_tp = tp_sync_group(cfg)
+        self.sage_tp = tp_sync_group(cfg.runtime)
         self.sage_tp_syncs = 0  # drafted steps whose verify input was broadcast from rank 0 (GET /server_info)
 
     def _ensure_sage_state(self) -> None:
         if self.sage_slots is not None:
             return
         slots = int(self.req_to_token_pool.size) + 1
-        self.sage_slots = SlotState(self.sage_cfg, slots, self.device)
-        tiers = parse_tiers(self.sage_cfg.tiers) if self.sage_cfg.tiers else ()
+        self.sage_slots = SlotState(self.sage_cfg.algorithm, slots, self.device)
+        tiers = parse_tiers(self.sage_cfg.serving.tiers) if self.sage_cfg.serving.tiers else ()
         widest = max((t.draft_tokens for t in tiers), default=1)  # the most tokens a tier verifies
         cpu = torch.device(self.device).type == "cpu"  # on CUDA the off tier's extend is a captured graph
-        ragged = ragged_runs(self.sage_cfg, self.device)
+        ragged = ragged_runs(self.sage_cfg.serving, self.device)
         scored = widest - 1 if ragged else 0  # the chosen nodes' path scores, for a ragged verify
-        self.sage_selection = BeamSelection(self.sage_cfg, self.topk, slots, self.device, max_nodes=scored)
+        self.sage_selection = BeamSelection(self.sage_cfg.algorithm, self.topk, slots, self.device, max_nodes=scored)
         self.sage_counters = DraftCounters(slots, self.device)  # slots >= the largest batch (one slot a request)
         pin = torch.device(self.device).type == "cuda"
         self._stats_host = torch.zeros(len(STAT_FIELDS), dtype=torch.float64, pin_memory=pin)
-        if self.sage_cfg.tier_off_lag and self.sage_lags_ok and cpu and any(t.steps == 0 for t in tiers):
-            self.sage_lag = DraftLag(self.sage_cfg.tier_off_lag, slots, widest, self.device)
+        if self.sage_cfg.serving.tier_off_lag and self.sage_lags_ok and cpu and any(t.steps == 0 for t in tiers):
+            self.sage_lag = DraftLag(self.sage_cfg.serving.tier_off_lag, slots, widest, self.device)
 
     def init_lm_head(self) -> None:
         """Upstream's head (an EAGLE head shares the target's embedding, and head without a token map), then
         ``cpu_draft_dtype`` on the draft's own layers, its head final (``draft_weights.py``)."""
         super().init_lm_head()
-        n = store_draft_linears(self.draft_runner.model, self.sage_cfg, self.target_worker.model_runner.model)
+        n = store_draft_linears(self.draft_runner.model, self.sage_cfg.cpu, self.target_worker.model_runner.model)
         if n:
             logger.info("SAGE: %d draft linear layers stored in bfloat16 (cpu_draft_dtype)", n)
 
@@ -112,7 +112,7 @@ class SageDraftMixin(EagleDraftWorkerBase):
             out = super().draft(batch, with_topology=with_topology)
         finally:
             ACTIVE_SELECTION.reset(token)
-        if self.sage_tp is not None and tp_sync_due(self.sage_cfg, batch):
+        if self.sage_tp is not None and tp_sync_due(self.sage_cfg.runtime, batch):
             sync_verify_input(out, self.sage_tp.broadcast)  # every rank verifies rank 0's tree
             self.sage_tp_syncs += 1
         self.sage_round = self.sage_counters.rounds[:bs].clone()  # [B, 4] for meta_info (meta.SageRoundDevice)
@@ -225,13 +225,13 @@ def _root_probs(batch: Any) -> torch.Tensor | None:
     return topk_p
 
 
-def tp_sync_group(cfg: SageConfig) -> Any:
+def tp_sync_group(cfg: RuntimeConfig) -> Any:
     """The tensor-parallel group that broadcasts trees under ``tp_sync`` (None: one rank, or ``tp_sync: off``)."""
     tp = get_tp_group()
     return tp if tp.world_size > 1 and cfg.tp_sync != "off" else None
 
 
-def tp_sync_due(cfg: SageConfig, batch: Any) -> bool:
+def tp_sync_due(cfg: RuntimeConfig, batch: Any) -> bool:
     """:func:`.tpsync.sync_due` for this step (the batch's greedy flag is the same on every rank)."""
     info = getattr(batch, "sampling_info", None)
     greedy = bool(getattr(info, "is_all_greedy", True))
@@ -268,7 +268,7 @@ class SageDraftWorker(SageDraftMixin, StandaloneDraftWorker):
         if self.hot_token_id is not None:
             self._cut_head()
         super().init_lm_head()
-        if self.sage_cfg.cpu_lean_draft:
+        if self.sage_cfg.cpu.cpu_lean_draft:
             why = install_lean_draft(self.draft_runner.model, get_tp_group().world_size, self.device)
             logger.info("SAGE: the draft's lean decoder %s (cpu_lean_draft)", f"off: {why}" if why else "on")
 

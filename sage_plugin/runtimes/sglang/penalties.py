@@ -367,7 +367,7 @@ def verify_context(worker: Any, batch: Any) -> VerifyContext:
     """The :class:`VerifyContext` of a SAGE worker's verify of ``batch`` (a ScheduleBatch): its output tail, and the
     requests that verify their root only: each request's :func:`opt_out_reason` under the worker's ``opt_out_params``,
     and those the tier control's per-request gate stops (``tier_request_gate``, ``SageTierController.mask``)."""
-    params = frozenset(opt_out_names(worker.sage_cfg.opt_out_params))
+    params = frozenset(opt_out_names(worker.sage_cfg.runtime.opt_out_params))
     off = [bool(opt_out_reason(req, params)) for req in batch.reqs]
     tiers = getattr(worker, "sage_tiers", None)
     gate = None if tiers is None else tiers.mask  # the tier control's per-request gate: host bools, True speculates

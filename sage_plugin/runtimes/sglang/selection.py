@@ -16,7 +16,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from sage_plugin.config import SageConfig
+from sage_plugin.config import AlgorithmConfig
 from sage_plugin.core.beam_selection import eagle_beam_candidates, select_shaped
 from sage_plugin.serving.slots import RoundShape, SlotState
 
@@ -40,7 +40,9 @@ class BeamSelection:
     not written otherwise).
     """
 
-    def __init__(self, cfg: SageConfig, topk: int, max_bs: int, device: torch.device | str, max_nodes: int = 0) -> None:
+    def __init__(
+        self, cfg: AlgorithmConfig, topk: int, max_bs: int, device: torch.device | str, max_nodes: int = 0
+    ) -> None:
         self.cfg, self.topk = cfg, topk
         self.depth = torch.ones(max_bs, dtype=torch.int64, device=device)
         self.width = torch.ones(max_bs, dtype=torch.int64, device=device)

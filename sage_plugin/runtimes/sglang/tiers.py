@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
 
-from sage_plugin.config import SageConfig
+from sage_plugin.config import ServingConfig
 from sage_plugin.serving.admission import AdmissionPrice
 from sage_plugin.serving.request_gate import RequestGate
 from sage_plugin.serving.tiers import TIER_CONTROLS, Tier, TierChooser, parse_tiers
@@ -46,8 +46,8 @@ __all__ = [
 ]  # fmt: skip
 
 
-def tier_chooser(cfg: SageConfig) -> TierChooser:
-    """The tier chooser of a SAGE server with ``cfg.tiers`` (its ``tier_*`` fields; ``docs/design/serving-control.md``)."""
+def tier_chooser(cfg: ServingConfig) -> TierChooser:
+    """The tier chooser of a SAGE server with ``cfg.tiers`` (the serving section's ``tier_*`` fields; ``docs/design/serving-control.md``)."""
     control = dict(TIER_CONTROLS[cfg.tier_control])
     admission = AdmissionPrice() if control.pop("admission") else None
     return TierChooser(
@@ -57,7 +57,7 @@ def tier_chooser(cfg: SageConfig) -> TierChooser:
     )  # fmt: skip
 
 
-def request_gate(cfg: SageConfig) -> RequestGate | None:
+def request_gate(cfg: ServingConfig) -> RequestGate | None:
     """The per-request gate of a SAGE server (None: every request of a drafted step speculates)."""
     return RequestGate() if cfg.tier_request_gate else None
 

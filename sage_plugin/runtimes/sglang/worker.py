@@ -76,25 +76,27 @@ class SageWorkerMixin:
         self.sage_tiers: SageTierController | None = None
         self._sage_clock = StepClock(self.device)
         self._sage_last_end: float | None = None
-        self._sage_off_decode = bool(cfg.tiers) and cfg.tier_off_decode and torch.device(self.device).type == "cpu"
+        self._sage_off_decode = (
+            bool(cfg.serving.tiers) and cfg.serving.tier_off_decode and torch.device(self.device).type == "cpu"
+        )
         self.sage_off_decode_steps = 0  # off steps whose verify forward ran in DECODE mode (GET /server_info)
-        self._sage_ragged = ragged_runs(cfg, self.device)
+        self._sage_ragged = ragged_runs(cfg.serving, self.device)
         self.sage_ragged_rows = [0, 0, 0]  # ragged verify: steps, rows computed, rows drafted (GET /server_info)
         if self._draft_worker is not None:  # None on pipeline stages that host no draft
             self._draft_worker.__class__ = self.sage_draft_cls
             self._draft_worker.init_sage(cfg)
-            if cfg.tiers:
+            if cfg.serving.tiers:
                 # built by EAGLEWorkerV2.init_cuda_graphs, chosen in forward_batch_generation, as --speculative-adaptive
-                chooser = tier_chooser(cfg)
+                chooser = tier_chooser(cfg.serving)
                 tp = get_tp_group()
                 shared = None
                 if tp.world_size > 1:  # every rank's chooser fed rank 0's timings: the same tier on every rank
                     src, group = tp.ranks[0], tp.cpu_group
                     shared = RankZeroTimes(chooser, tp.rank_in_group,
                                            lambda t: torch.distributed.broadcast(t, src=src, group=group))  # fmt: skip
-                self.sage_tiers = SageTierController(self, chooser, shared, request_gate(cfg))
+                self.sage_tiers = SageTierController(self, chooser, shared, request_gate(cfg.serving))
                 self._sage_alpha = HostScalar(self.device, fixed_lag=HostScalar.RING - 1 if shared else None)
-                self._sage_tp = tp_sync_group(cfg)
+                self._sage_tp = tp_sync_group(cfg.runtime)
                 self.adaptive_controller = self.sage_tiers
                 logging.getLogger(EAGLEWorkerV2.__module__).addFilter(TierSwitchLogFilter())
         logger.info("SAGE worker ready (%s): %s", type(self).__name__, cfg.to_dict())
@@ -135,7 +137,7 @@ class SageWorkerMixin:
             tiers.record_overhead(time.perf_counter() - self._sage_last_end)
         if tiers is not None:  # the batch's requests for the per-request gate, its alpha for the chooser (tiers.py)
             tiers.keys = request_keys(batch)
-            tiers.alpha = self._batch_alpha(batch) if self.sage_cfg.tier_alpha_bins else None
+            tiers.alpha = self._batch_alpha(batch) if self.sage_cfg.serving.tier_alpha_bins else None
             lag = getattr(draft, "sage_lag", None)  # a lagging draft: the chooser prices its catch-up (off_lag.py)
             tiers.behind = None if lag is None else lag.behind()
         timed = self.sage_tiers if not idle else None
@@ -153,7 +155,7 @@ class SageWorkerMixin:
         else:
             self._sage_last_end = None
         # a tier shallower than d_max truncates acceptance: it would walk the history controller's D_max down
-        informative = tiers is None or tiers.active.steps >= self.sage_cfg.d_max
+        informative = tiers is None or tiers.active.steps >= self.sage_cfg.algorithm.d_max
         if draft is not None and slots is not None and slots.numel() > 0 and not idle:
             if prefill:
                 draft.sage_reset(slots)
@@ -181,8 +183,8 @@ class SageWorkerMixin:
         if lag is not None and lag.behind():  # no root distribution to read
             return None
         if topk_p is not None and topk_p.dim() == 2 and topk_p.shape[0] > 0:
-            alpha = root_confidence(topk_p, self.sage_cfg.k).mean()
-            if self._sage_tp is not None and tp_sync_due(self.sage_cfg, batch):
+            alpha = root_confidence(topk_p, self.sage_cfg.algorithm.k).mean()
+            if self._sage_tp is not None and tp_sync_due(self.sage_cfg.runtime, batch):
                 self._sage_tp.broadcast(alpha)  # in place: the tier choice follows rank 0's alpha
             self._sage_alpha.push(alpha)
         return self._sage_alpha.latest()

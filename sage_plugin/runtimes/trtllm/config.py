@@ -122,9 +122,9 @@ def check_sage_config(cfg: SageConfig, tier: str) -> None:
     apply."""
     support = TIERS[tier]
     support.check(cfg)
-    if cfg.node_budget == "auto":
+    if cfg.algorithm.node_budget == "auto":
         logger.info("node_budget auto acts as fixed on %s (a fixed number of tokens is verified)", support.runtime)
-    if cfg.first_round_static:
+    if cfg.algorithm.first_round_static:
         logger.info("first_round_static is not applied on %s", support.runtime)
 
 
@@ -190,7 +190,7 @@ def check_llm_options(options: Any, tier: str, where: str = "llm") -> dict:
 def _draft_options(data: Any, cfg: SageConfig, llm: Mapping[str, Any]) -> DraftOptions:
     d = _mapping("drafter", data)
     _known("drafter", d, _DRAFTER)
-    longest = min(cfg.d_cap, cfg.n_max)  # the longest chain SAGE can plan
+    longest = min(cfg.algorithm.d_cap, cfg.algorithm.n_max)  # the longest chain SAGE can plan
     k = _int("drafter.max_draft_len", d.get("max_draft_len", longest), 1, 64)
     if k < longest:
         raise ConfigError(

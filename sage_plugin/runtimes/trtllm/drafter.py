@@ -139,7 +139,7 @@ class SageChainDrafter:
         self.num_slots = num_slots
         self._runner = runner if hasattr(runner, "catch_up") else None
         self._make_runner = None if self._runner is not None else runner
-        self.sage_slots = SlotState(cfg, num_slots)
+        self.sage_slots = SlotState(cfg.algorithm, num_slots)
         self._tracked: dict[Hashable, _Tracked] = {}
         self._owner: dict[int, Hashable] = {}
         self.rounds: deque[DraftRound] = deque(maxlen=record)
@@ -161,13 +161,13 @@ class SageChainDrafter:
         slot_list = [self._tracked[_request_id(r)].slot for r in active]
         slots = torch.tensor(slot_list, dtype=torch.int64, device=device)
         roots = torch.stack([self.runner.catch_up(_request_id(r), list(r.get_tokens(0))) for r in active])
-        k = min(self.sage_cfg.k, roots.shape[-1])
+        k = min(self.sage_cfg.algorithm.k, roots.shape[-1])
         top = torch.softmax(roots.float(), dim=-1).topk(k, dim=-1).values
         shape = self.sage_slots.plan(slots, top.to(device))
         d_max = self.sage_slots.history.d_max.index_select(0, slots)
         alpha, dmax, depth = torch.stack([shape.alpha, d_max.float(), shape.depth.float()]).tolist()  # one host copy
         for i, req in enumerate(active):
-            n = max(1, min(int(depth[i]), self.sage_cfg.n_max, self._allocated(req)))
+            n = max(1, min(int(depth[i]), self.sage_cfg.algorithm.n_max, self._allocated(req)))
             self._draft_chain(req, roots[i], n)
             self.rounds.append(DraftRound(_request_id(req), slot_list[i], alpha[i], int(dmax[i]), int(depth[i]), n))
 

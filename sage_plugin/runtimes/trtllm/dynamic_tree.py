@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from ...config import SageConfig
+from ...config import AlgorithmConfig, SageConfig
 from ...core.beam_selection import eagle_beam_candidates, select_shaped
 from ...serving.slots import SlotState
 from .contract import DYNAMIC_TREE_COMMIT, TREE_WORKER, check_class_against_contract
@@ -64,7 +64,7 @@ class SageTreePolicy:
     """SAGE's per-slot state and node choice for one dynamic-tree worker (all on the worker's device).
 
     Args:
-        cfg: the SAGE config (checked against ``TRTLLM_TREE_SUPPORT``).
+        cfg: the algorithm section of the SAGE config (checked against ``TRTLLM_TREE_SUPPORT``).
         num_slots: request slots (``py_seq_slot`` values, plus the CUDA-graph dummy slot).
         max_batch: the worker's ``_max_batch_size`` (rows of the persistent plan buffers).
         topk: ``K`` (``dynamic_tree_max_topK``).
@@ -72,7 +72,7 @@ class SageTreePolicy:
     """
 
     def __init__(
-        self, cfg: SageConfig, num_slots: int, max_batch: int, topk: int, n_select: int, device: torch.device | str
+        self, cfg: AlgorithmConfig, num_slots: int, max_batch: int, topk: int, n_select: int, device: torch.device | str
     ) -> None:
         self.cfg, self.topk, self.n_select = cfg, topk, n_select
         self.slots = SlotState(cfg, num_slots, device)
@@ -129,7 +129,7 @@ def _policy(worker: Any) -> SageTreePolicy | None:
             return None
         ids = storage.all_ids_buf
         policy = SageTreePolicy(
-            type(worker)._sage_config, ids.shape[0] + 1, worker._max_batch_size, worker.K,
+            type(worker)._sage_config.algorithm, ids.shape[0] + 1, worker._max_batch_size, worker.K,
             worker.max_total_draft_tokens, ids.device,
         )  # fmt: skip
         worker._sage_policy = policy

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("sglang")
 
-from sage_plugin.config import SageConfig  # noqa: E402
+from sage_plugin.config import CpuConfig, SageConfig  # noqa: E402
 from sage_plugin.runtimes.sglang.draft_weights import DraftHeadRows, store_draft_linears  # noqa: E402
 from sage_plugin.runtimes.sglang.hooks import compute_lm_head, unquantized_linear  # noqa: E402
 
@@ -62,10 +62,10 @@ def test_the_drafts_own_plain_layers_are_stored_in_bfloat16_and_nothing_else_cha
     target_before = target.shared.detach().clone()
     draft = _draft(target)
     before = {n: p.detach().clone() for n, p in draft.named_parameters()}
-    assert store_draft_linears(draft, SageConfig(cpu_draft_dtype="float32"), target) == 0
+    assert store_draft_linears(draft, CpuConfig(cpu_draft_dtype="float32"), target) == 0
     assert all(p.dtype == torch.float32 for p in draft.parameters())
 
-    assert store_draft_linears(draft, SageConfig(), target) == 4  # the default: bfloat16
+    assert store_draft_linears(draft, CpuConfig(), target) == 4  # the default: bfloat16
     stored = {"qkv_proj", "down_proj", "lm_head", "head_rows"}
     for name, module in draft.named_children():
         want = torch.bfloat16 if name in stored else torch.float32
@@ -74,12 +74,12 @@ def test_the_drafts_own_plain_layers_are_stored_in_bfloat16_and_nothing_else_cha
                            else before[f"{name}.weight"]), name  # fmt: skip
     assert draft.qkv_proj.weight.weight_loader == "loader"  # the loader's attributes move to the new parameter
     assert draft.fc.weight is target.shared and torch.equal(target.shared, target_before)
-    assert store_draft_linears(draft, SageConfig(), target) == 0  # once stored, nothing left to store
+    assert store_draft_linears(draft, CpuConfig(), target) == 0  # once stored, nothing left to store
 
 
 def test_the_cpu_hooks_compute_a_bfloat16_draft_layer_in_float32():
     draft = _draft(torch.nn.Module())
-    store_draft_linears(draft, SageConfig())
+    store_draft_linears(draft, CpuConfig())
     x = torch.randn(3, 32)
     w = draft.qkv_proj.weight
     got = unquantized_linear(None, UnquantizedLinearMethod(), draft.qkv_proj, x)

@@ -7,7 +7,6 @@ Runs in this process after ``load_plugins()`` (fixture ``sglang_plugins``): the 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pickle
 from pathlib import Path
@@ -23,7 +22,7 @@ from sglang.srt.arg_groups.overrides import record_foreign_defaults, resolving_v
 from sglang.srt.server_args import ServerArgs, prepare_server_args  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
-from sage_plugin.config import ConfigError, SageConfig  # noqa: E402
+from sage_plugin.config import ConfigError, SageConfig, knob_fields  # noqa: E402
 from sage_plugin.runtimes.sglang.algo import validate_server_args  # noqa: E402
 from sage_plugin.runtimes.sglang.args import FLAGS, SageCliArgs, flag_name, flag_value, sage_config_of  # noqa: E402
 from sage_plugin.runtimes.sglang.support import SGLANG_SUPPORT  # noqa: E402
@@ -65,7 +64,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 def test_one_flag_per_field_in_help():
     help_text = parser().format_help()
     assert "SAGE speculative decoding (--speculative-algorithm sage)" in help_text
-    fields = [f.name for f in dataclasses.fields(SageConfig)]
+    fields = [f.name for f in knob_fields()]
     assert [f.field for f in FLAGS] == fields
     for name in fields:
         assert flag_name(name) in help_text
@@ -88,8 +87,9 @@ def test_typed_values():
         "--sage-policy", "eagle2",
         "--sage-history-cooldown", "none",
     )  # fmt: skip
-    assert (cfg.w_max, cfg.theta0, cfg.use_history, cfg.keep_top1) == (6, 0.25, False, False)
-    assert (cfg.first_round_static, cfg.policy, cfg.history_cooldown) == (True, "eagle2", "none")
+    alg = cfg.algorithm
+    assert (alg.w_max, alg.theta0, alg.use_history, alg.keep_top1) == (6, 0.25, False, False)
+    assert (alg.first_round_static, alg.policy, alg.history_cooldown) == (True, "eagle2", "none")
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_typed_values():
     ids=["one-json-tree", "one-json-path-per-value"],
 )
 def test_static_tree_json(argv):
-    assert config(*argv).static_tree == ((0,), (1,), (0, 0))
+    assert config(*argv).algorithm.static_tree == ((0,), (1,), (0, 0))
 
 
 @pytest.mark.parametrize(
@@ -122,13 +122,14 @@ def test_unparsable_values_are_argparse_errors(argv, expected, capsys):
 def test_sage_config_file_then_flags(tmp_path):
     path = write(tmp_path, "sage.yaml", "sage:\n  w_max: 6\n  d_max: 5\n  theta0: 0.3\n")
     cfg = config("--sage-config", str(path), "--sage-w-max", "7")
-    assert (cfg.w_max, cfg.d_max, cfg.theta0, cfg.k) == (7, 5, 0.3, SageConfig().k)
+    alg = cfg.algorithm
+    assert (alg.w_max, alg.d_max, alg.theta0, alg.k) == (7, 5, 0.3, SageConfig().algorithm.k)
 
 
 def test_sage_config_file_without_section(tmp_path):
     path = write(tmp_path, "flat.yaml", "d_max: 4\nuse_history: false\n")
     cfg = config("--sage-config", str(path))
-    assert (cfg.d_max, cfg.use_history) == (4, False)
+    assert (cfg.algorithm.d_max, cfg.algorithm.use_history) == (4, False)
 
 
 def test_reference_config_file():
@@ -138,7 +139,7 @@ def test_reference_config_file():
 def test_merged_config_is_validated_once(tmp_path):
     """A file valid only with the flags (d_max 12 needs d_cap >= 12) is accepted: merge, then validate."""
     path = write(tmp_path, "deep.yaml", "sage:\n  d_max: 12\n")
-    assert config("--sage-config", str(path), "--sage-d-cap", "12").d_max == 12
+    assert config("--sage-config", str(path), "--sage-d-cap", "12").algorithm.d_max == 12
 
 
 def test_relative_config_path_is_made_absolute(tmp_path, monkeypatch):
@@ -147,7 +148,7 @@ def test_relative_config_path_is_made_absolute(tmp_path, monkeypatch):
     sa = record("--sage-config", "rel.yaml")
     assert sa._sage_cli.config_path == str(tmp_path / "rel.yaml")
     monkeypatch.chdir(REPO)  # a subprocess with another cwd still finds it
-    assert sage_config_of(sa).k == 8
+    assert sage_config_of(sa).algorithm.k == 8
 
 
 def test_sglang_config_yaml_with_dash_keys(tmp_path):
@@ -161,8 +162,9 @@ def test_sglang_config_yaml_with_dash_keys(tmp_path):
     )
     sa = prepare_server_args(["--config", str(sgl), *BASE, "--sage-d-max", "7"])
     cfg = sage_config_of(sa)
-    assert (cfg.theta0, cfg.w_max, cfg.d_max, cfg.use_history) == (0.3, 6, 7, False)
-    assert cfg.static_tree == ((0,), (1,), (0, 0))
+    alg = cfg.algorithm
+    assert (alg.theta0, alg.w_max, alg.d_max, alg.use_history) == (0.3, 6, 7, False)
+    assert alg.static_tree == ((0,), (1,), (0, 0))
 
 
 def test_sglang_config_yaml_underscore_keys_are_rejected(tmp_path):
@@ -204,7 +206,7 @@ def test_tiers_with_tensor_parallelism_are_accepted(tmp_path):
                 base=["--model-path", "target", "--speculative-algorithm", "sage",
                       "--speculative-draft-model-path", str(draft_dir(tmp_path, "LlamaForCausalLM"))])  # fmt: skip
     validate(sa)
-    assert sage_config_of(sa).tiers and sa.tp_size == 2
+    assert sage_config_of(sa).serving.tiers and sa.tp_size == 2
 
 
 def test_bad_file_value_names_the_file(tmp_path):
@@ -257,7 +259,7 @@ def test_flags_survive_pickling():
     sa = record("--sage-w-max", "4", "--sage-static-tree", "[[0]]")
     clone = pickle.loads(pickle.dumps(sa))
     assert clone._sage_cli == sa._sage_cli
-    assert sage_config_of(clone).w_max == 4
+    assert sage_config_of(clone).algorithm.w_max == 4
 
 
 def resolved(sa: ServerArgs):
@@ -331,8 +333,9 @@ def test_sglang_engine_config_through_sglangs_own_config_parser():
                                 "--speculative-draft-model-path", "draft"])  # fmt: skip
     assert args.speculative_algorithm.upper() == "SAGE" and args.device == "cpu"
     cfg = sage_config_of(args)
-    assert (cfg.k, cfg.d_max, cfg.d_cap, cfg.n_max, cfg.first_round_static) == (4, 4, 6, 11, False)
-    assert cfg.tiers == ((0, 1), (1, 2), (3, 4))  # a YAML list of lists reaches the config
+    alg = cfg.algorithm
+    assert (alg.k, alg.d_max, alg.d_cap, alg.n_max, alg.first_round_static) == (4, 4, 6, 11, False)
+    assert cfg.serving.tiers == ((0, 1), (1, 2), (3, 4))  # a YAML list of lists reaches the config
 
 
 # -- the draft checkpoint picks the variant ----------------------------------------------------------
@@ -466,7 +469,7 @@ def test_every_field_is_honoured_or_refused_at_launch(tmp_path, field, value):
     sa = record(flag_name(field), flag_value(value), base=[*BASE[:-1], str(draft)])
     if entry is not None and (entry.values is None or value in entry.values):
         validate(sa)
-        assert getattr(sage_config_of(sa), field) == value
+        assert sage_config_of(sa).knob(field) == value
         return
     with pytest.raises(ConfigError) as exc:
         validate(sa)

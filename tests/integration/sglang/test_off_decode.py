@@ -103,6 +103,6 @@ def test_upstream_verify_hands_its_forward_batch_to_the_target_worker():
 
 
 def test_config_field():
-    assert SageConfig().tier_off_decode is True
+    assert SageConfig().serving.tier_off_decode is True
     with pytest.raises(ConfigError, match="tier_off_decode"):
         SageConfig(tier_off_decode="yes")

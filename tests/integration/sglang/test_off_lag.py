@@ -136,7 +136,7 @@ def test_the_chooser_sees_no_alpha_while_the_draft_is_behind():
     )
     topk_p = torch.tensor([[0.9, 0.05, 0.03, 0.02], [0.4, 0.3, 0.2, 0.1]])
     batch = types.SimpleNamespace(spec_info=types.SimpleNamespace(topk_p=topk_p))
-    want = float(root_confidence(topk_p, SageConfig().k).mean())
+    want = float(root_confidence(topk_p, SageConfig().algorithm.k).mean())
     assert SageWorkerMixin._batch_alpha(worker, batch) == pytest.approx(want)
     lag.skip([_Req("a")])
     assert SageWorkerMixin._batch_alpha(worker, batch) is None

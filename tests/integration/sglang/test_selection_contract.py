@@ -15,13 +15,13 @@ pytest.importorskip("sglang")
 
 from sglang.srt.speculative.eagle_utils import organize_draft_results  # noqa: E402
 
-from sage_plugin.config import SageConfig  # noqa: E402
+from sage_plugin.config import AlgorithmConfig  # noqa: E402
 from sage_plugin.serving.slots import SlotState  # noqa: E402
 
 from ...unit.graph_step import SMALL, TOPK, new_selection, sglang_beam  # noqa: E402
 
 
-def _select(cfg: SageConfig, beam, bsz: int, draft_tokens: int):
+def _select(cfg: AlgorithmConfig, beam, bsz: int, draft_tokens: int):
     sel = new_selection(cfg)
     state = SlotState(cfg, 2 * bsz + 1)
     sel.load(state.plan(torch.arange(bsz), beam.root))

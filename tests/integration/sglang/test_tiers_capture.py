@@ -234,7 +234,7 @@ def test_the_plan_runs_inside_the_captured_draft_forward_once_per_step(graphs):
         assert draft.sage_counters.stats.tolist() == [0.0] * 6  # the capture batch is all padding
         draft.seen.clear()
     calls = _count_plans(draft)
-    twin = SlotState(cfg, POOL + 1)  # an independent plan of every step's real rows
+    twin = SlotState(cfg.algorithm, POOL + 1)  # an independent plan of every step's real rows
     gen, rounds, alpha_sum, depth_sum, planned = torch.Generator().manual_seed(0), 0, 0.0, 0.0, []
     for raw in [3, 1, 4, 2]:
         slots = torch.randperm(POOL, generator=gen)[:raw] + 1  # SGLang's slots start at 1

@@ -64,9 +64,9 @@ class RecordedDraft:
 
 def _controller(control: str, gate: bool = False, shared_rank: int | None = None, broadcast=None):
     cfg = SageConfig(k=4, w_max=4, tiers=TIERS, tier_control=control, tier_request_gate=gate)
-    chooser = tier_chooser(cfg)
+    chooser = tier_chooser(cfg.serving)
     shared = None if broadcast is None else RankZeroTimes(chooser, shared_rank, broadcast, every=8)
-    ctl = SageTierController(RecordingWorker(3, 4), chooser, shared, request_gate(cfg))
+    ctl = SageTierController(RecordingWorker(3, 4), chooser, shared, request_gate(cfg.serving))
     ctl.init_states()
     return ctl
 
