@@ -167,8 +167,8 @@ class TierChooser(BreakEven, TierCosts):
         self._gap: dict[Tier, int] = {t: probe_every for t in self.tiers}
         # (step, tier, batch size, alpha bin) of the probe awaiting its verdict
         self._probe: tuple[int, Tier, int, int | None] | None = None
-        # (step, tier, alpha bin, size class) per step awaiting feedback; a step whose feedback never comes cannot pile up
-        self._pending: deque[tuple[int, Tier, int | None, int]] = deque(maxlen=8)
+        # (step, tier, alpha bin, size class, expected tokens) per step awaiting feedback; lost feedback cannot pile up
+        self._pending: deque[tuple[int, Tier, int | None, int, float | None]] = deque(maxlen=8)
         self.tally = TierTally(self.tiers)  # steps per size class, accepted drafts per request credited
         self._steps = 0
 
@@ -313,8 +313,9 @@ class TierChooser(BreakEven, TierCosts):
                     tier = min(due, key=lambda t: (self._last_used[t], t))
                     self._probe = (self._steps, tier, batch_size, alpha)
         self._last_used[tier] = self._steps
-        self.tally.count_step(tier, self.size_class(batch_size))
-        self._pending.append((self._steps, tier, b, self.size_class(batch_size)))
+        size, expected = self.size_class(batch_size), self.expected_tokens(tier, alpha, batch_size=batch_size)
+        self.tally.count_step(tier, size)
+        self._pending.append((self._steps, tier, b, size, None if tier.off else expected))
         return tier
 
     def probe_gap(self, tier: Tier) -> int:
@@ -342,20 +343,18 @@ class TierChooser(BreakEven, TierCosts):
 
     def observe(self, accepted_drafts: Sequence[int], others: int = 0) -> Tier | None:
         """Accepted draft counts (bonus token excluded) of the oldest pending step, one per request (with a
-        per-request gate: the drafting requests only, and ``others`` the step's requests that did not draft).
-
-        Returns the tier they are credited to (None when no step is pending: a prefill's feedback).
-        """
+        per-request gate: the drafting requests only, and ``others`` the step's requests that did not draft); returns
+        the tier they are credited to (None when no step is pending: a prefill's feedback)."""
         if not self._pending:
             return None
-        _, tier, b, *size = self._pending.popleft()  # (step, tier, alpha bin, size class)
+        _, tier, b, size, expected = self._pending.popleft()
         if self.admission is not None:
             self.admission.step(not tier.off, sum(accepted_drafts) + len(accepted_drafts) + others)
         if tier.off or not accepted_drafts:
             return tier
-        self.tally.credit(tier, accepted_drafts)
+        self.tally.credit(tier, accepted_drafts, size, expected)
         if self.acceptance != "per_tier":
-            self.levels.count(self._group(tier), tier.steps, accepted_drafts, size[0] if size else None, b)
+            self.levels.count(self._group(tier), tier.steps, accepted_drafts, size, b)
             return tier
         mean = sum(accepted_drafts) / len(accepted_drafts)
         self._accepted[tier] = self._ema(self._accepted.get(tier), mean)

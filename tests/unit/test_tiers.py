@@ -294,7 +294,8 @@ def test_summary_reports_steps_tokens_and_costs():
     _run(chooser, SimDevice({OFF: (0.05, 0.0), BIG: (0.1, 0.0)}, {BIG: 1}), bs=1, steps=4)
     summary = chooser.summary()
     big = 4 - summary["0:1"]["steps"]
-    assert summary["4:8"] == {"tokens": 2.0, "steps": big, "mean_tokens": 2.0, "ms@1": 100.0, "steps@1": big}
+    assert summary["4:8"] == {"tokens": 2.0, "steps": big, "mean_tokens": 2.0, "ms@1": 100.0, "steps@1": big,
+                              "expected@1": 2.0, "served@1": 2.0}  # fmt: skip
     assert summary["0:1"]["tokens"] == 1.0 and summary["0:1"]["mean_tokens"] == 1.0
     _run(chooser, SimDevice({OFF: (0.05, 0.0), BIG: (0.1, 0.0)}, {BIG: 1}), bs=3, steps=5)
     summary = chooser.summary()
@@ -309,12 +310,39 @@ def test_mean_tokens_is_the_lifetime_mean_per_request_not_the_estimate():
     assert chooser.summary()["4:8"]["mean_tokens"] is None
     feedback = [[3, 3, 3, 3], [3, 3], [0], [0]]
     for acc in feedback:
-        chooser._pending.append((0, BIG, None))
+        chooser._pending.append((0, BIG, None, None, None))
         chooser.observe(acc)
     naive = sum(1 + a for acc in feedback for a in acc) / sum(len(acc) for acc in feedback)
     summary = chooser.summary()["4:8"]
     assert summary["mean_tokens"] == pytest.approx(naive, abs=1e-3)  # 3.25
     assert summary["tokens"] == pytest.approx(1 + 3 * 0.8**2, abs=1e-3)  # moved towards the last steps' 1 token
+
+
+def test_summary_sets_the_tokens_expected_at_each_choice_beside_the_tokens_served():
+    """Per drafted tier and size class, ``expected@B`` is the mean over requests of the chooser's expected tokens when
+    it chose their step (alpha and batch size of that step), ``served@B`` the mean tokens those requests got; a step
+    chosen before its tier had any estimate counts in neither."""
+    chooser = TierChooser([OFF, SMALL, BIG], probe_every=4, alpha_bins=4, acceptance="width",
+                          prior_weight=8.0, change_z=4.0, doubt=1.0)  # fmt: skip
+    rng = random.Random(3)
+    sums: dict[tuple[Tier, int], list[float]] = {}
+    for _ in range(300):
+        bs, alpha = rng.choice([1, 3, 8]), rng.random()
+        tier = chooser.choose(bs, alpha)
+        want = chooser.expected_tokens(tier, alpha, batch_size=bs)  # choose() leaves the estimates as they are
+        chooser.record_cost(tier, bs, 0.05 + 0.01 * tier.steps * bs)
+        acc = [sum(rng.random() < alpha for _ in range(tier.steps)) for _ in range(bs)]
+        chooser.observe(acc)
+        if not tier.off and want is not None:  # a tier chosen to be measured before any estimate: no pair
+            s = sums.setdefault((tier, bs), [0.0, 0.0, 0])
+            s[0], s[1], s[2] = s[0] + want * bs, s[1] + sum(acc) + bs, s[2] + bs
+    summary = chooser.summary()
+    assert len(sums) >= 4  # both drafted tiers at more than one batch size
+    for (tier, bs), (expected, served, n) in sums.items():
+        row = summary[f"{tier.steps}:{tier.draft_tokens}"]
+        assert row[f"expected@{bs}"] == pytest.approx(expected / n, abs=1e-3)
+        assert row[f"served@{bs}"] == pytest.approx(served / n, abs=1e-3)
+    assert not any(key.startswith(("expected@", "served@")) for key in summary["0:1"])
 
 
 def test_a_cold_first_step_does_not_price_a_tier_out():

@@ -73,7 +73,7 @@ def test_a_shallow_tiers_steps_inform_the_deep_tier():
     chooser.observe([0])  # the deep tier's first step (measured first): nothing accepted
     low = chooser.expected_tokens(THREE)
     for _ in range(40):  # only the one-step tier runs, and its draft is always accepted
-        chooser._pending.append((0, ONE, None))
+        chooser._pending.append((0, ONE, None, None, None))
         chooser.observe([1])
     assert chooser.expected_tokens(THREE) > low + 0.5
     assert chooser.expected_tokens(ONE) == pytest.approx(1.0 + 40.5 / 42.0, rel=1e-3)
@@ -84,11 +84,11 @@ def test_width_models_share_within_a_verify_width_only():
     a deeper beam of the same width reads the shallower one's levels, and a group decays by its own steps."""
     chooser = TierChooser((OFF, ONE, TWO_WIDE, THREE, FOUR_WIDE), probe_every=0, acceptance="width", memory=10)
     for tier, accepted in [(FOUR_WIDE, [3]), (THREE, [2]), (TWO_WIDE, [2]), (ONE, [0])]:
-        chooser._pending.append((0, tier, None))
+        chooser._pending.append((0, tier, None, None, None))
         chooser.observe(accepted)
     wide = chooser.expected_tokens(FOUR_WIDE)
     for _ in range(40):  # only the one-node tier runs, and its draft is always rejected
-        chooser._pending.append((0, ONE, None))
+        chooser._pending.append((0, ONE, None, None, None))
         chooser.observe([0])
     assert chooser.expected_tokens(FOUR_WIDE) == wide  # neither informed nor decayed by the narrow tier's steps
     assert chooser.expected_tokens(ONE) < 1.1
@@ -107,7 +107,7 @@ def test_counts_decay_so_the_estimate_follows_the_traffic():
         chooser.choose(1)
         chooser.observe([0])
         for accepted in [0] * 100 + [3] * 100:
-            chooser._pending.append((0, THREE, None))
+            chooser._pending.append((0, THREE, None, None, None))
             chooser.observe([accepted])
         tokens[memory] = chooser.expected_tokens(THREE)
     # a memory of 10 steps: near 4 (everything accepted lately: about 10.5 / 11 a level) despite 100 rejections

@@ -179,6 +179,9 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
     # the draft is useful (its head ids map back to the vocabulary): the deep tier's mean over all it served (its
     # current estimate follows the last steps, a few batch-1 steps of one prompt)
     assert report["6:11"]["mean_tokens"] > 1.5, report
+    # beside what it served, the tokens the chooser expected of the steps it chose (the estimate's bias, per size)
+    assert any(k.startswith("served@") and report["6:11"][k.replace("served", "expected")] >= 1.0
+               for k in report["6:11"]), report  # fmt: skip
     assert sage["tier_switches"] > 0
     # the off tier skipped its draft extends and the draft caught up before drafting again (off_lag.py)
     assert sage["off_lag"]["skipped_extends"] > 0 and sage["off_lag"]["catch_ups"] > 0, sage
