@@ -236,7 +236,7 @@ class ServingConfig(_Section):
     # acceptance of each tier kept per bin of the batch's mean alpha (0: one average per tier, alpha not used)
     tier_alpha_bins: int = 4
     # a tier is measured at a new batch size only if its rate could still beat the best measured there, its cost
-    # bounded below from a smaller size less this fraction (1: every tier measured at every batch size)
+    # bounded below from the sizes around it less this fraction (1: every tier measured at every batch size)
     tier_bound_slack: float = 0.1
     # how a tier's expected tokens are estimated: pooled (one per-level acceptance model shared by every tier, per
     # alpha bin), width (one such model per verify width: tiers of the same draft tokens share it) or per_tier (each

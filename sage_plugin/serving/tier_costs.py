@@ -4,7 +4,7 @@
 tier's step seconds at each batch-size class (the low median of the last ``cost_window`` timings, the first
 ``unpriced_first`` steps of a tier being its warm-up), the per-step overhead outside the forward passes (a moving
 average), the price of catching a lagging draft up (:meth:`TierCosts.catch_up`, the low median of its timings per
-size class), and a lower bound on a tier's cost at a batch size it has not run at yet.  Host-side floats only.
+size class), and a lower bound on a tier's cost at a batch size it has not run at yet, from the sizes around it.  Host-side floats only.
 
 Batch sizes that run as one captured shape share their costs (:meth:`TierCosts.set_size_classes`): a CUDA graph runner
 pads a batch to its next captured size, so a tier costs the same at every size up to it, and one measurement prices
@@ -126,19 +126,32 @@ class TierCosts:
         return sorted(bs for (t, bs) in self._cost if t == tier)
 
     def cost_bound(self, tier: Tier, batch_size: int) -> float | None:
-        """A lower bound on ``tier``'s step seconds at ``batch_size``, from the nearest smaller batch size ``b`` where
-        it was measured: its cost there, scaled by the smallest tier's growth from ``b`` to ``batch_size`` when that is
-        measured at both, times ``1 - bound_slack``; None when no smaller size is measured.
+        """A lower bound on ``tier``'s step seconds at ``batch_size``'s size class ``B``, times ``1 - bound_slack``; the
+        larger of two, each where it is measured (None when neither is):
 
-        It holds while a larger tier's cost relative to the smallest tier's does not fall as the batch grows (its
-        extra verified tokens turn compute-bound first); ``bound_slack`` absorbs this CPU's row-count kinks.
+        * from the nearest smaller measured size ``b``: its cost there, scaled by the smallest tier's growth from ``b``
+          to ``B`` when that is measured at both.  It holds while a larger tier's cost relative to the smallest tier's
+          does not fall as the batch grows (its extra verified tokens turn compute-bound first);
+        * from the nearest larger measured size ``b2``: its cost there times ``B / b2``.  It holds while a request
+          costs no less in a larger batch than in a smaller one (a batch split in two repeats its fixed work).
+
+        ``bound_slack`` absorbs this CPU's row-count kinks.  Worked example: ``[3, 4]`` measured at 242 ms at batch
+        16, then the batch drains to 13: its cost there is at least ``0.9 x 242 x 13 / 16 = 177`` ms.
         """
-        smaller = [bs for bs in self.cost_classes(tier) if bs < self.size_class(batch_size)]
-        if not smaller or self.bound_slack >= 1.0:
+        if self.bound_slack >= 1.0:
             return None
-        b = max(smaller)
-        bound = self.cost(tier, b)
-        ref_now, ref_then = self.cost(self.tiers[0], batch_size), self.cost(self.tiers[0], b)
-        if tier != self.tiers[0] and ref_now is not None and ref_then is not None:
-            bound *= max(1.0, ref_now / ref_then)
-        return (1.0 - self.bound_slack) * bound
+        size = self.size_class(batch_size)
+        measured = self.cost_classes(tier)
+        smaller, larger = [bs for bs in measured if bs < size], [bs for bs in measured if bs > size]
+        bounds = []
+        if smaller:
+            b = max(smaller)
+            bound = self.cost(tier, b)
+            ref_now, ref_then = self.cost(self.tiers[0], batch_size), self.cost(self.tiers[0], b)
+            if tier != self.tiers[0] and ref_now is not None and ref_then is not None:
+                bound *= max(1.0, ref_now / ref_then)
+            bounds.append(bound)
+        if larger:
+            b2 = min(larger)
+            bounds.append(self.cost(tier, b2) * size / b2)
+        return (1.0 - self.bound_slack) * max(bounds) if bounds else None

@@ -58,9 +58,9 @@ current) pays nothing.  ``behind`` None (no lag) prices no catch-up.
 The choice maximises ``expected tokens / cost``.  A tier never measured at a batch size is tried first there (the
 runtime's start-up measurement, amortised over the first steps at each batch size), cheapest first, and only while
 it could still win there: its cost at the nearest smaller measured batch size, grown as the smallest tier's cost
-grew since (less ``bound_slack``), bounds its cost from below, and a tier whose rate under that bound cannot beat the
-best rate measured at this size is not run for its price (a traffic ramp through many batch sizes would otherwise
-measure a deep tier that cannot pay at every one of them).  A tier not chosen is re-measured (*probed*) once it has not
+grew since, and its cost per request at the nearest larger one (less ``bound_slack``) bound its cost from below, and
+a tier whose rate under that bound cannot beat the best rate measured at this size is not run for its price (a
+batch that ramps up or drains through many sizes would otherwise measure a deep tier that cannot pay at every one).  A tier not chosen is re-measured (*probed*) once it has not
 run for its probe gap, so the estimates follow the traffic.  The gap starts at ``probe_every`` steps; a probe the tier
 loses (another tier still rates higher at that batch size once its feedback is in) doubles it, up to ``probe_backoff *
 probe_every``, and a tier that wins (probe or plain choice) is back to ``probe_every``.  A deep tier that cannot pay at

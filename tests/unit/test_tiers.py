@@ -428,6 +428,44 @@ def test_skipping_never_hides_the_best_tier_of_a_batch_size(seed, slack):
         assert chooser.best(bs) == max(tiers, key=lambda t: _true_rate(dev, t, bs)), bs
 
 
+def test_a_draining_batch_does_not_measure_a_deep_tier_again_at_each_size():
+    """Closed-loop clients start a full batch that then drains as requests finish: BIG, measured at batch 16 where it
+    loses (2 tokens in 244 ms against 1 in 51), is not paid for again at 15, 14 and 13: its cost per request at 16
+    bounds its cost there from below."""
+    dev = SimDevice({OFF: (0.030, 0.0013), BIG: (0.020, 0.014)}, {BIG: 1})
+    sizes = [16, 15, 14, 13]
+    runs = {}
+    for slack in (0.1, 1.0):
+        chooser = TierChooser([OFF, BIG], probe_every=0, bound_slack=slack)
+        runs[slack] = (_ramp(chooser, dev, sizes), chooser)
+    (t_bound, chosen), bounded = runs[0.1]
+    (t_all, chosen_all), measured_all = runs[1.0]
+    assert [bs for bs in sizes if BIG in chosen_all[bs]] == sizes  # slack 1: measured at every size
+    assert [bs for bs in sizes if BIG in chosen[bs]] == [16]
+    for bs in sizes:
+        assert bounded.best(bs) == measured_all.best(bs) == OFF
+    assert t_bound < t_all
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 100_000), slack=st.sampled_from([0.0, 0.1, 0.5]))
+def test_skipping_never_hides_the_best_tier_whatever_order_the_sizes_come_in(seed, slack):
+    """Batch sizes in any order (a ramp, a drain, arrivals and finishes mixed), on a device where both bounds' premises
+    hold (a tier's cost grows with the batch, relatively no slower than the smallest tier's, and a request never costs
+    less in a smaller batch): the choice at every size is the true best tier (oracle: the device's own rates)."""
+    rng = random.Random(seed)
+    tiers = [OFF, SMALL, BIG]
+    base = {t: rng.uniform(0.02, 0.2) for t in tiers}
+    growth = sorted(rng.uniform(0.0, 0.3) for _ in tiers)
+    dev = SimDevice({t: (base[t], g * base[t]) for t, g in zip(tiers, growth)},
+                    {SMALL: rng.randint(0, 2), BIG: rng.randint(0, 4)})  # fmt: skip
+    sizes = rng.sample(range(1, 17), rng.randint(2, 8))  # not sorted
+    chooser = TierChooser(tiers, probe_every=0, bound_slack=slack)
+    _ramp(chooser, dev, sizes, steps=10)
+    for bs in sizes:
+        assert chooser.best(bs) == max(tiers, key=lambda t: _true_rate(dev, t, bs)), bs
+
+
 class PaddedDevice(SimDevice):
     """A graph-replaying device: a batch runs padded to its next captured size (eager, at its own size, above the
     largest), so a step costs what the padded batch costs."""
