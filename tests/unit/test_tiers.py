@@ -387,17 +387,22 @@ def _ramp(chooser: TierChooser, dev: SimDevice, sizes: list[int], steps: int = 1
     return seconds, chosen
 
 
+def _bounded_and_unbounded(dev: SimDevice, sizes: list[int]) -> tuple[tuple, tuple]:
+    """The same sizes served by a chooser of OFF and BIG with the cost bound (slack 0.1) and without it (slack 1: every
+    tier measured at every size): ``(seconds, tiers run per size, chooser)`` of each."""
+    runs = []
+    for slack in (0.1, 1.0):
+        chooser = TierChooser([OFF, BIG], probe_every=0, bound_slack=slack)
+        runs.append((*_ramp(chooser, dev, sizes), chooser))
+    return runs[0], runs[1]
+
+
 def test_a_deep_tier_that_cannot_pay_at_larger_batches_is_not_measured_at_each_one():
     """BIG pays at batch 1 (3 tokens in 100 ms against 1 in 60) and falls behind as the batch grows (its cost grows
     four times as fast): once it loses by more than the bound's slack, the sizes above are not paid for at its price."""
     dev = SimDevice({OFF: (0.050, 0.005), BIG: (0.080, 0.030)}, {BIG: 2})
     sizes = list(range(1, 13))
-    runs = {}
-    for slack in (0.1, 1.0):
-        chooser = TierChooser([OFF, BIG], probe_every=0, bound_slack=slack)
-        runs[slack] = (_ramp(chooser, dev, sizes), chooser)
-    (t_bound, chosen), bounded = runs[0.1]
-    (t_all, chosen_all), measured_all = runs[1.0]
+    (t_bound, chosen, bounded), (t_all, chosen_all, measured_all) = _bounded_and_unbounded(dev, sizes)
     big_sizes = [bs for bs in sizes if BIG in chosen[bs]]
     assert [bs for bs in sizes if BIG in chosen_all[bs]] == sizes  # slack 1: measured at every size
     # rates: BIG 3 bs / (0.08 + 0.03 bs), OFF bs / (0.05 + 0.005 bs): BIG wins up to batch 4 (60 vs 57 tok/s)
@@ -410,18 +415,20 @@ def test_a_deep_tier_that_cannot_pay_at_larger_batches_is_not_measured_at_each_o
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 100_000), slack=st.sampled_from([0.0, 0.1, 0.5]))
-def test_skipping_never_hides_the_best_tier_of_a_batch_size(seed, slack):
-    """On a device where the bound's premise holds (each tier's cost grows with the batch, relatively no slower than
-    the smallest tier's), the chooser's choice at every batch size of a random ramp is the true best tier (oracle:
-    the device's own rates), whichever tiers it skipped measuring."""
+@given(seed=st.integers(0, 100_000), slack=st.sampled_from([0.0, 0.1, 0.5]), ramp=st.booleans())
+def test_skipping_never_hides_the_best_tier_of_a_batch_size(seed, slack, ramp):
+    """On a device where both bounds' premises hold (each tier's cost grows with the batch, relatively no slower than
+    the smallest tier's, and a request never costs less in a smaller batch), the chooser's choice at every batch size
+    is the true best tier (oracle: the device's own rates), whichever tiers it skipped measuring, whether the sizes
+    come as a ramp or in any order (a drain, arrivals and finishes mixed)."""
     rng = random.Random(seed)
     tiers = [OFF, SMALL, BIG]
     base = {t: rng.uniform(0.02, 0.2) for t in tiers}
     growth = sorted(rng.uniform(0.0, 0.3) for _ in tiers)  # per request, relative to the tier's base cost
     dev = SimDevice({t: (base[t], g * base[t]) for t, g in zip(tiers, growth)},
                     {SMALL: rng.randint(0, 2), BIG: rng.randint(0, 4)})  # fmt: skip
-    sizes = sorted(rng.sample(range(1, 17), rng.randint(2, 8)))
+    sizes = rng.sample(range(1, 17), rng.randint(2, 8))
+    sizes = sorted(sizes) if ramp else sizes
     chooser = TierChooser(tiers, probe_every=0, bound_slack=slack)
     _ramp(chooser, dev, sizes, steps=10)
     for bs in sizes:
@@ -434,36 +441,12 @@ def test_a_draining_batch_does_not_measure_a_deep_tier_again_at_each_size():
     bounds its cost there from below."""
     dev = SimDevice({OFF: (0.030, 0.0013), BIG: (0.020, 0.014)}, {BIG: 1})
     sizes = [16, 15, 14, 13]
-    runs = {}
-    for slack in (0.1, 1.0):
-        chooser = TierChooser([OFF, BIG], probe_every=0, bound_slack=slack)
-        runs[slack] = (_ramp(chooser, dev, sizes), chooser)
-    (t_bound, chosen), bounded = runs[0.1]
-    (t_all, chosen_all), measured_all = runs[1.0]
+    (t_bound, chosen, bounded), (t_all, chosen_all, measured_all) = _bounded_and_unbounded(dev, sizes)
     assert [bs for bs in sizes if BIG in chosen_all[bs]] == sizes  # slack 1: measured at every size
     assert [bs for bs in sizes if BIG in chosen[bs]] == [16]
     for bs in sizes:
         assert bounded.best(bs) == measured_all.best(bs) == OFF
     assert t_bound < t_all
-
-
-@settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 100_000), slack=st.sampled_from([0.0, 0.1, 0.5]))
-def test_skipping_never_hides_the_best_tier_whatever_order_the_sizes_come_in(seed, slack):
-    """Batch sizes in any order (a ramp, a drain, arrivals and finishes mixed), on a device where both bounds' premises
-    hold (a tier's cost grows with the batch, relatively no slower than the smallest tier's, and a request never costs
-    less in a smaller batch): the choice at every size is the true best tier (oracle: the device's own rates)."""
-    rng = random.Random(seed)
-    tiers = [OFF, SMALL, BIG]
-    base = {t: rng.uniform(0.02, 0.2) for t in tiers}
-    growth = sorted(rng.uniform(0.0, 0.3) for _ in tiers)
-    dev = SimDevice({t: (base[t], g * base[t]) for t, g in zip(tiers, growth)},
-                    {SMALL: rng.randint(0, 2), BIG: rng.randint(0, 4)})  # fmt: skip
-    sizes = rng.sample(range(1, 17), rng.randint(2, 8))  # not sorted
-    chooser = TierChooser(tiers, probe_every=0, bound_slack=slack)
-    _ramp(chooser, dev, sizes, steps=10)
-    for bs in sizes:
-        assert chooser.best(bs) == max(tiers, key=lambda t: _true_rate(dev, t, bs)), bs
 
 
 class PaddedDevice(SimDevice):
