@@ -103,6 +103,22 @@ KNOBS: dict[str, str] = {f.name: name for name, cls in SECTIONS.items() for f in
 assert len(KNOBS) == sum(len(dataclasses.fields(c)) for c in SECTIONS.values()), "a field name in two sections"
 
 
+#: the fields holding rows (tuples of tuples in the config, lists of lists as users write them) -> what a row list is
+_ROW_FIELDS: dict[str, str] = {
+    "static_tree": "a list of rank paths like [[0], [0, 0]]",
+    "calibration": "a list of rows of acceptance rates",
+    "tiers": "a list of [steps, draft_tokens] pairs",
+}
+
+
+def _refuse_unknown(names: Any, where: str = "") -> None:
+    """One :class:`ConfigError` naming every name in ``names`` that is not a field (prefixed ``where: `` if given)."""
+    unknown = sorted(str(n) for n in names if n not in KNOBS)
+    if unknown:
+        prefix = f"{where}: " if where else ""
+        raise ConfigError(f"{prefix}unknown SAGE option(s): {', '.join(unknown)} (known: {', '.join(sorted(KNOBS))})")
+
+
 def knob_fields() -> tuple[dataclasses.Field, ...]:
     """Every user-facing field (its :class:`dataclasses.Field`, default included), section by section."""
     return tuple(f for cls in SECTIONS.values() for f in dataclasses.fields(cls))
@@ -130,9 +146,7 @@ class SageConfig:
 
     def __init__(self, **values: Any) -> None:
         given = {name: values.pop(name) for name in SECTIONS if name in values}
-        unknown = sorted(set(values) - set(KNOBS))
-        if unknown:
-            raise ConfigError(f"unknown SAGE option(s): {', '.join(unknown)} (known: {', '.join(sorted(KNOBS))})")
+        _refuse_unknown(values)
         for name, cls in SECTIONS.items():
             mine = {k: v for k, v in values.items() if KNOBS[k] == name}
             section = given.get(name)
@@ -154,7 +168,7 @@ class SageConfig:
         out: dict[str, Any] = {}
         for name in SECTIONS:
             out.update(dataclasses.asdict(getattr(self, name)))
-        for key in ("static_tree", "calibration", "tiers"):
+        for key in _ROW_FIELDS:
             out[key] = [list(row) for row in out[key]]
         return out
 
@@ -181,31 +195,18 @@ def read_sage_yaml(path: str | Path, *, section: str | None = "sage", label: str
     """
     where = label or str(path)
     data = read_yaml_mapping(path, where, section, what="a mapping of SageConfig fields")
-    unknown = sorted(str(k) for k in data if k not in KNOBS)
-    if unknown:
-        raise ConfigError(f"{where}: unknown SAGE option(s): {', '.join(unknown)} (known: {', '.join(sorted(KNOBS))})")
+    _refuse_unknown(data, where)
     return dict(data)
 
 
 def from_mapping(values: Mapping[str, Any]) -> SageConfig:
-    """Build a config from plain values (YAML, CLI); unknown keys are one clear error."""
-    unknown = sorted(set(values) - set(KNOBS))
-    if unknown:
-        raise ConfigError(f"unknown SAGE option(s): {', '.join(unknown)} (known: {', '.join(sorted(KNOBS))})")
+    """Build a config from plain values (YAML, CLI); unknown keys are one clear error, before any value is read."""
+    _refuse_unknown(values)
     kwargs = dict(values)
-    if "static_tree" in kwargs:
-        tree = kwargs["static_tree"]
-        if not isinstance(tree, (list, tuple)) or not all(isinstance(p, (list, tuple)) for p in tree):
-            raise ConfigError(f"static_tree must be a list of rank paths like [[0], [0, 0]], got {tree!r}")
-        kwargs["static_tree"] = tuple(tuple(p) for p in tree)
-    if "calibration" in kwargs:
-        table = kwargs["calibration"]
-        if not isinstance(table, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in table):
-            raise ConfigError(f"calibration must be a list of rows of acceptance rates, got {table!r}")
-        kwargs["calibration"] = tuple(tuple(r) for r in table)
-    if "tiers" in kwargs:
-        tiers = kwargs["tiers"]
-        if not isinstance(tiers, (list, tuple)) or not all(isinstance(t, (list, tuple)) for t in tiers):
-            raise ConfigError(f"tiers must be a list of [steps, draft_tokens] pairs, got {tiers!r}")
-        kwargs["tiers"] = tuple(tuple(t) for t in tiers)
+    for key, what in _ROW_FIELDS.items():
+        if key in kwargs:
+            rows = kwargs[key]
+            if not isinstance(rows, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in rows):
+                raise ConfigError(f"{key} must be {what}, got {rows!r}")
+            kwargs[key] = tuple(tuple(r) for r in rows)
     return SageConfig(**kwargs)
