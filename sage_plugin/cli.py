@@ -166,8 +166,8 @@ def calibrate_main(args: argparse.Namespace) -> int:
     params = SamplingParams(max_new_tokens=opts.new_tokens, stop_token_ids=(setup.eos_token_id,))
     table, n = calibrate(setup.engine, setup.requests, params, base.algorithm.k, args.alpha_bins, args.prob_bins)
     header = (f"SAGE calibration (sage calibrate): draft {setup.draft_desc}\ntarget {setup.target_desc}\n"
-              f"{n} top-{base.algorithm.k} candidates from {len(setup.requests)} prompts x {opts.new_tokens} tokens; rows: "
-              f"alpha bins, columns: draft-probability bins (docs/design/algorithm.md)")  # fmt: skip
+              f"{n} top-{base.algorithm.k} candidates from {len(setup.requests)} prompts x {opts.new_tokens} tokens; "
+              f"rows: alpha bins, columns: draft-probability bins (docs/design/algorithm.md)")  # fmt: skip
     write_calibration(args.out, table, header)
     print("\n".join(" ".join(f"{v:.3f}" for v in row) for row in table))
     print(f"wrote {args.out} ({n} candidates)")

@@ -4,7 +4,8 @@
 tier's step seconds at each batch-size class (the low median of the last ``cost_window`` timings, the first
 ``unpriced_first`` steps of a tier being its warm-up), the per-step overhead outside the forward passes (a moving
 average), the price of catching a lagging draft up (:meth:`TierCosts.catch_up`, the low median of its timings per
-size class), and a lower bound on a tier's cost at a batch size it has not run at yet, from the sizes around it.  Host-side floats only.
+size class), and a lower bound on a tier's cost at a batch size it has not run at yet, from the sizes around it.
+Host-side floats only.
 
 Batch sizes that run as one captured shape share their costs (:meth:`TierCosts.set_size_classes`): a CUDA graph runner
 pads a batch to its next captured size, so a tier costs the same at every size up to it, and one measurement prices

@@ -56,21 +56,22 @@ drafting pays, a probe) returns within a step or two and pays it whole.  Staying
 current) pays nothing.  ``behind`` None (no lag) prices no catch-up.
 
 The choice maximises ``expected tokens / cost``.  A tier never measured at a batch size is tried first there (the
-runtime's start-up measurement, amortised over the first steps at each batch size), cheapest first, and only while
-it could still win there: its cost at the nearest smaller measured batch size, grown as the smallest tier's cost
-grew since, and its cost per request at the nearest larger one (less ``bound_slack``) bound its cost from below, and
-a tier whose rate under that bound cannot beat the best rate measured at this size is not run for its price (a
-batch that ramps up or drains through many sizes would otherwise measure a deep tier that cannot pay at every one).  A tier not chosen is re-measured (*probed*) once it has not
-run for its probe gap, so the estimates follow the traffic.  The gap starts at ``probe_every`` steps; a probe the tier
-loses (another tier still rates higher at that batch size once its feedback is in) doubles it, up to ``probe_backoff *
-probe_every``, and a tier that wins (probe or plain choice) is back to ``probe_every``.  A deep tier that cannot pay at
-a large batch costs several off steps per probe; the back-off bounds that while a change of traffic is still found
-within ``probe_backoff * probe_every`` steps.  With ``probe_confidence`` ``z`` > 0 a probe is lost only if the tier
-loses even at its :meth:`optimistic_rate` (its fastest step there, its tokens ``z`` standard errors high), so a few
-unlucky early steps, which price a tier high and its tokens low, cannot hold it out for a whole run.  Feedback may lag:
-the runtime calls :meth:`TierChooser.choose` when a step starts and :meth:`observe` when its accept counts reach the
-host, possibly after later steps started (overlap scheduling); observations are matched to steps in launch order.  Batch
-sizes that run as one captured shape share their costs (:mod:`.tier_costs`).
+runtime's start-up measurement, amortised over the first steps at each batch size), cheapest first, and only while it
+could still win there: its cost is bounded below from the nearest smaller measured batch size (grown as the smallest
+tier's cost grew since) and the nearest larger one (its cost per request there), less ``bound_slack``, and a tier whose
+rate under that bound cannot beat the best rate measured at this size is not run for its price (a batch that ramps up or
+drains through many sizes would otherwise measure a deep tier that cannot pay at every one). A tier not chosen is
+re-measured (*probed*) once it has not run for its probe gap, so the estimates follow the traffic. The gap starts at
+``probe_every`` steps; a probe the tier loses (another tier still rates higher at that batch size once its feedback is
+in) doubles it, up to ``probe_backoff * probe_every``, and a tier that wins (probe or plain choice) is back to
+``probe_every``.  A deep tier that cannot pay at a large batch costs several off steps per probe; the back-off bounds
+that while a change of traffic is still found within ``probe_backoff * probe_every`` steps.  With ``probe_confidence``
+``z`` > 0 a probe is lost only if the tier loses even at its :meth:`optimistic_rate` (its fastest step there, its tokens
+``z`` standard errors high), so a few unlucky early steps, which price a tier high and its tokens low, cannot hold it
+out for a whole run.  Feedback may lag: the runtime calls :meth:`TierChooser.choose` when a step starts and
+:meth:`observe` when its accept counts reach the host, possibly after later steps started (overlap scheduling);
+observations are matched to steps in launch order.  Batch sizes that run as one captured shape share their costs
+(:mod:`.tier_costs`).
 
 Worked example (two tiers, batch 1)::
 
@@ -301,7 +302,6 @@ class TierChooser(BreakEven, TierCosts):
         :meth:`observe`."""
         self._steps += 1
         self._judge_probe()
-        b = self.alpha_bin(alpha)
         off = self.tiers[0] if self.tiers[0].off else None
         tier = off if speculating == 0 and off is not None else self._unmeasured(batch_size, alpha)
         if tier is None:
@@ -313,9 +313,10 @@ class TierChooser(BreakEven, TierCosts):
                     tier = min(due, key=lambda t: (self._last_used[t], t))
                     self._probe = (self._steps, tier, batch_size, alpha)
         self._last_used[tier] = self._steps
-        size, expected = self.size_class(batch_size), self.expected_tokens(tier, alpha, batch_size=batch_size)
+        size = self.size_class(batch_size)
+        expected = None if tier.off else self.expected_tokens(tier, alpha, 0.0, batch_size)
         self.tally.count_step(tier, size)
-        self._pending.append((self._steps, tier, b, size, None if tier.off else expected))
+        self._pending.append((self._steps, tier, self.alpha_bin(alpha), size, expected))
         return tier
 
     def probe_gap(self, tier: Tier) -> int:

@@ -38,9 +38,9 @@ __all__ = ["RaggedVerifyTarget", "compact_mask", "live_rows", "ragged_runs", "ra
 
 
 def ragged_runs(cfg: Any, device: Any) -> bool:
-    """Whether a server verifies ragged (``cfg``: its serving section): ``ragged_verify`` with tiers (the threshold prices a node against the off
-    tier's measured step), on CPU, one tensor-parallel rank (module docstring).  The rank count is read from SGLang
-    only when the rest holds."""
+    """Whether a server verifies ragged (``cfg``: its serving section): ``ragged_verify`` with tiers (the threshold
+    prices a node against the off tier's measured step), on CPU, one tensor-parallel rank (module docstring).  The
+    rank count is read from SGLang only when the rest holds."""
     if not (cfg.ragged_verify and cfg.tiers) or torch.device(device).type != "cpu":
         return False
     from sglang.srt.distributed import get_tp_group  # imports SGLang; the rest of this module does not

@@ -47,7 +47,8 @@ __all__ = [
 
 
 def tier_chooser(cfg: ServingConfig) -> TierChooser:
-    """The tier chooser of a SAGE server with ``cfg.tiers`` (the serving section's ``tier_*`` fields; ``docs/design/serving-control.md``)."""
+    """The tier chooser of a SAGE server with ``cfg.tiers`` (``cfg``: its serving section, whose ``tier_*`` fields set
+    it; ``docs/design/serving-control.md``)."""
     control = dict(TIER_CONTROLS[cfg.tier_control])
     admission = AdmissionPrice() if control.pop("admission") else None
     return TierChooser(
