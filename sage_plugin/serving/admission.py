@@ -13,6 +13,14 @@ per window of that regime.  Its price is seconds per token, and a regime is pric
 ``min_windows`` windows (before that, and for a runtime that never reports a prefill, both prices are 0: nothing
 changes).  The chooser then rates a step of ``T`` tokens and ``S`` seconds as ``T / (S + T a)``.
 
+Only admissions that *refill* the batch are charged.  A prefill pass that grows the batch past the size the last
+refill brought it to (the initial fill, arrivals into a batch with free slots) is the load's, paid whatever the
+regime, and charging it to the regime of its window would price that regime by when the load arrived: at start-up the
+first batch sizes are new to the tier chooser, which measures the off tier first there, so a server's whole initial
+fill would land in off windows.  With the decode steps' batch sizes known (:meth:`AdmissionPrice.step`'s
+``batch_size``), a pass that admits ``a`` requests after ``f`` finished (the refilled size less the size before the
+pass) is charged ``min(f, a) / a`` of its seconds.
+
 Worked example: 16 closed-loop clients, 64-token answers.  Off, the 16 requests finish in the same step and are
 admitted by 2 prefill passes of 80 ms per 16 x 64 tokens: 0.16 s / 1024 = 0.16 ms a token.  Drafted, they finish
 over many steps and are admitted by 6 passes: 0.47 ms a token.  A drafted step of 16 x 1.5 tokens in 140 ms then
@@ -48,13 +56,26 @@ class AdmissionPrice:
         self._decay = 1.0 - 1.0 / memory
         self._sums = {DRAFTED: [0.0, 0.0, 0.0], OFF: [0.0, 0.0, 0.0]}  # regime -> [prefill s, tokens, windows]
         self._open = [0, 0, 0.0, 0]  # this window: steps, drafted steps, prefill seconds, tokens
+        self._pending = 0.0  # prefill seconds since the last decode step, charged once its batch size is known
+        self._before = 0  # the batch size of the last decode step before those passes
+        self._size = 0  # the batch size of the last decode step
+        self._refilled = 0  # the batch size the last prefill passes brought the batch to
 
     def prefill(self, seconds: float) -> None:
         """A prefill pass took ``seconds`` (admitting requests into the running batch)."""
-        self._open[2] += max(seconds, 0.0)
+        if self._pending == 0.0:
+            self._before = self._size
+        self._pending += max(seconds, 0.0)
 
-    def step(self, drafted: bool, tokens: int) -> None:
-        """A decode step's feedback: whether it drafted and the output tokens it produced (every request's)."""
+    def step(self, drafted: bool, tokens: int, batch_size: int | None = None) -> None:
+        """A decode step's feedback: whether it drafted, the output tokens it produced (every request's) and its batch
+        size (None: unknown, the prefill passes before it are charged whole)."""
+        if self._pending:
+            self._open[2] += self._pending * self._refill_share(batch_size)
+            self._pending = 0.0
+            self._refilled = batch_size or 0
+        if batch_size is not None:
+            self._size = batch_size
         w = self._open
         w[0] += 1
         w[1] += int(drafted)
@@ -67,6 +88,14 @@ class AdmissionPrice:
             s = self._sums[regime]
             s[:] = [s[0] * self._decay + w[2], s[1] * self._decay + w[3], s[2] * self._decay + 1.0]
         self._open = [0, 0, 0.0, 0]
+
+    def _refill_share(self, batch_size: int | None) -> float:
+        """The share of the pending passes' seconds that refilled finished requests' slots (module docstring)."""
+        admitted = None if batch_size is None else batch_size - self._before
+        if admitted is None or admitted <= 0:
+            return 1.0
+        finished = max(self._refilled - self._before, 0)
+        return min(finished, admitted) / admitted
 
     def per_token(self, drafted: bool) -> float:
         """Admission seconds per output token of the regime (0 until both regimes are measured)."""

@@ -5,6 +5,7 @@ tier's step seconds at each batch-size class (the low median of the last ``cost_
 ``unpriced_first`` steps of a tier being its warm-up), the per-step overhead outside the forward passes (a moving
 average), the price of catching a lagging draft up (:meth:`TierCosts.catch_up`, the low median of its timings per
 size class), and a lower bound on a tier's cost at a batch size it has not run at yet, from the sizes around it.
+A measured cost is held to at most what any larger batch of the tier was measured at (:meth:`TierCosts.cost`).
 Host-side floats only.
 
 Batch sizes that run as one captured shape share their costs (:meth:`TierCosts.set_size_classes`): a CUDA graph runner
@@ -85,9 +86,16 @@ class TierCosts:
         return self._classes[i] if i < len(self._classes) else batch_size
 
     def cost(self, tier: Tier, batch_size: int) -> float | None:
-        """Measured seconds per step of ``tier`` at ``batch_size``'s size class (None until measured)."""
-        samples = self._cost.get((tier, self.size_class(batch_size)))
-        return None if not samples else statistics.median_low(samples)
+        """Measured seconds per step of ``tier`` at ``batch_size``'s size class (None until measured there), at most
+        its measured cost at any larger size class: a step of fewer requests never costs more, so a size priced high
+        by a slow spell of the machine (or by longer contexts at the time) is held to what a larger batch was seen to
+        cost.  Example: off measured 46 ms at 16 and 52 ms at 13 is priced 46 ms at 13."""
+        size = self.size_class(batch_size)
+        samples = self._cost.get((tier, size))
+        if not samples:
+            return None
+        larger = (statistics.median_low(q) for (t, b), q in self._cost.items() if t == tier and b > size and q)
+        return min([statistics.median_low(samples), *larger])
 
     def record_cost(self, tier: Tier, batch_size: int, seconds: float) -> None:
         """A measured step time of ``tier`` at ``batch_size`` (kept for its size class; dropped while the tier is warming

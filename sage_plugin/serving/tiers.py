@@ -258,9 +258,8 @@ class TierChooser(BreakEven, TierCosts):
     def _per_second(
         self, batch_size: int, tokens: float | None, cost: float | None, tier: Tier, speculating: int | None = None
     ) -> float | None:
-        """The batch's tokens (``speculating`` requests at ``tokens`` each, the rest at 1; None: all at ``tokens``) over a
-        step of ``cost`` plus the per-step overhead plus the regime's admission time for those tokens (None if
-        unknown or not > 0)."""
+        """The batch's tokens (``speculating`` requests at ``tokens`` each, the rest at 1; None: all at ``tokens``) over
+        ``cost`` plus the per-step overhead plus the regime's admission time for those tokens (None: unknown, <= 0)."""
         step = None if cost is None else cost + (self.overhead_seconds() or 0.0)
         if tokens is None or step is None or step <= 0.0:
             return None
@@ -350,7 +349,8 @@ class TierChooser(BreakEven, TierCosts):
             return None
         _, tier, b, size, expected = self._pending.popleft()
         if self.admission is not None:
-            self.admission.step(not tier.off, sum(accepted_drafts) + len(accepted_drafts) + others)
+            n = len(accepted_drafts) + others
+            self.admission.step(not tier.off, sum(accepted_drafts) + n, n)
         if tier.off or not accepted_drafts:
             return tier
         self.tally.credit(tier, accepted_drafts, size, expected)

@@ -349,24 +349,60 @@ def test_a_cold_first_step_does_not_price_a_tier_out():
     """A tier's first step ever is its warm-up (allocations, first-shape kernels: 3.4 s against 139 ms warm for
     SGLang's first [6, 11] step here): not priced, at any batch size; later slow steps fall to the low median."""
     chooser = TierChooser([OFF, BIG], probe_every=0)
-    chooser.record_cost(BIG, 1, 3.4)  # cold
-    assert chooser.cost(BIG, 1) is None
-    chooser.record_cost(BIG, 2, 0.14)  # the next step, at another batch size, is priced
-    assert chooser.cost(BIG, 2) == 0.14
-    chooser.record_cost(BIG, 1, 1.5)  # a slow step now and then
-    assert chooser.cost(BIG, 1) == 1.5
-    chooser.record_cost(BIG, 1, 0.1)
-    assert chooser.cost(BIG, 1) == 0.1
+    chooser.record_cost(BIG, 2, 3.4)  # cold
+    assert chooser.cost(BIG, 2) is None
+    chooser.record_cost(BIG, 1, 0.14)  # the next step, at another batch size, is priced
+    assert chooser.cost(BIG, 1) == 0.14
+    chooser.record_cost(BIG, 2, 1.5)  # a slow step now and then
+    assert chooser.cost(BIG, 2) == 1.5
+    chooser.record_cost(BIG, 2, 0.1)
+    assert chooser.cost(BIG, 2) == 0.1
     for s in (0.12, 0.09, 0.11, 0.1):
-        chooser.record_cost(BIG, 1, s)
-    assert chooser.cost(BIG, 1) == 0.1
+        chooser.record_cost(BIG, 2, s)
+    assert chooser.cost(BIG, 2) == 0.1
     for _ in range(9):  # the window moves on: a slower regime replaces the old samples
-        chooser.record_cost(BIG, 1, 0.2)
-    assert chooser.cost(BIG, 1) == 0.2
+        chooser.record_cost(BIG, 2, 0.2)
+    assert chooser.cost(BIG, 2) == 0.2
     two = TierChooser([OFF, BIG], unpriced_first=2)
     for secs in (3.4, 0.5, 0.14):
         two.record_cost(BIG, 1, secs)
     assert two.cost(BIG, 1) == 0.14
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 3, 5, 8, 13, 16]), st.floats(0.01, 1.0)), min_size=1, max_size=40),
+       st.sampled_from([(), (4, 16)]))  # fmt: skip
+def test_a_measured_cost_is_held_to_the_larger_sizes_measured(samples, classes):
+    """A step of fewer requests never costs more: a size class's cost is its low median of the last ``cost_window``
+    timings, or a larger class's if that is lower (naive oracle: every class at or above the size, its own list)."""
+    chooser = TierChooser([OFF, BIG], unpriced_first=0, cost_window=5)
+    chooser.set_size_classes(classes)
+    kept: dict[int, list[float]] = {}
+    for bs, secs in samples:
+        chooser.record_cost(BIG, bs, secs)
+        kept.setdefault(chooser.size_class(bs), []).append(secs)
+
+    def oracle(bs: int) -> float | None:
+        own = chooser.size_class(bs)
+        if own not in kept:
+            return None
+        return min(sorted(v[-5:])[(len(v[-5:]) - 1) // 2] for c, v in kept.items() if c >= own)
+
+    for bs in range(1, 18):
+        assert chooser.cost(BIG, bs) == oracle(bs)
+    assert chooser.cost(OFF, 1) is None
+
+
+def test_a_slow_spell_at_a_smaller_size_is_priced_at_the_larger_cost():
+    """Measured on a 2-core CPU: the off tier timed 46 ms at 16 requests and 52 ms at 13 (a slow spell); 13 is priced
+    46 ms, and a tier only measured at the smaller size keeps its own cost."""
+    chooser = TierChooser([OFF, BIG], unpriced_first=0)
+    for _ in range(3):
+        chooser.record_cost(OFF, 16, 0.046)
+        chooser.record_cost(OFF, 13, 0.052)
+        chooser.record_cost(BIG, 13, 0.065)
+    assert chooser.cost(OFF, 13) == 0.046 and chooser.cost(OFF, 16) == 0.046
+    assert chooser.cost(BIG, 13) == 0.065 and chooser.cost(BIG, 16) is None
 
 
 # -- the start-up measurement at a new batch size is skipped for a tier that cannot win there ----------------------

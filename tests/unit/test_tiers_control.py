@@ -179,7 +179,65 @@ def test_the_chooser_prices_admissions_per_token():
     assert chooser.rate(ONE, 4) == pytest.approx(4 * 1.7 / (0.13 + 4 * 1.7 * a1))
     assert chooser.rate(OFF, 4) == pytest.approx(4 / (0.1 + 4 * a0))
     chooser.record_prefill(1.0)  # the chooser passes prefill passes to its price
-    assert price._open[2] == pytest.approx(1.0)
+    assert price._pending == pytest.approx(1.0)
+
+
+def _serve(price: AdmissionPrice, sizes: list[int], drafted: bool, prefill_s: float = 0.0) -> None:
+    """Decode steps at ``sizes`` (one token a request), a prefill pass of ``prefill_s`` before each size change."""
+    for i, size in enumerate(sizes):
+        if i and size != sizes[i - 1] and prefill_s:
+            price.prefill(prefill_s)
+        price.step(drafted, size, size)
+
+
+def test_only_refills_are_charged_not_the_initial_fill():
+    """Passes that grow the batch past its last refilled size (the initial fill) are the load's, not the regime's;
+    a pass that refills finished requests' slots is charged, in the share of its admissions that refill."""
+    price = AdmissionPrice(window=4, memory=10**9, min_windows=0)  # no decay in this example
+    price.prefill(1.0)
+    _serve(price, [4] * 4, False)
+    price.prefill(1.0)
+    _serve(price, [16] * 4, False)
+    assert price._sums[False][0] == 0.0  # 4 then 12 admitted, none refilling
+    _serve(price, [12] * 3, True)  # 4 requests finished
+    price.prefill(0.5)
+    _serve(price, [16] * 5, True)
+    assert price._sums[True][0] == pytest.approx(0.5)  # 4 admitted after 4 finished: all of it
+    _serve(price, [14] * 4, True)  # 2 finished
+    price.prefill(0.8)
+    _serve(price, [18] * 4, True)  # 4 admitted: 2 refill, 2 grow the batch
+    assert price._sums[True][0] == pytest.approx(0.5 + 0.4)
+    price.prefill(2.0)  # a runtime that does not report batch sizes: charged whole
+    price.step(True, 10)
+    assert price._open[2] == pytest.approx(2.0)
+
+
+def test_an_initial_fill_in_off_windows_does_not_price_the_off_regime_up():
+    """A server's first batch sizes are new to the chooser, which measures the off tier there first, so the initial
+    fill (16 prompts admitted 4 at a time) lands in off windows.  Both regimes then refill alike (4 finished, a 0.2 s
+    pass, every 32 steps of 16 tokens): their prices must come out equal, where charging the fill would price off
+    several times higher."""
+
+    def run(sizes: bool) -> tuple[float, float]:
+        price = AdmissionPrice()  # windows of 32 steps
+        for n in (4, 8, 12, 16):  # the initial fill: a 1.5 s pass per 4 admitted, 8 off steps each
+            price.prefill(1.5)
+            for _ in range(8):
+                price.step(False, n, n if sizes else None)
+        for drafted in [False, True] * 4:
+            for _ in range(3):  # steady state: 4 finish, a pass refills them, 32 steps a cycle
+                for n in [16] * 28 + [12] * 4:
+                    price.step(drafted, n, n if sizes else None)
+                price.prefill(0.2)
+            price.step(drafted, 16, 16 if sizes else None)
+            for _ in range(31):  # the rest of the window, no admission
+                price.step(drafted, 16, 16 if sizes else None)
+        return price.per_token(False), price.per_token(True)
+
+    off, drafted = run(sizes=True)
+    assert off == pytest.approx(drafted, rel=0.05) and off > 0.0
+    off_old, drafted_old = run(sizes=False)
+    assert off_old > 2.0 * drafted_old  # the bias the refill share removes
 
 
 # -- the per-request gate -------------------------------------------------------------------------------------------
