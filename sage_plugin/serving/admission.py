@@ -13,6 +13,14 @@ per window of that regime.  Its price is seconds per token, and a regime is pric
 ``min_windows`` windows (before that, and for a runtime that never reports a prefill, both prices are 0: nothing
 changes).  The chooser then rates a step of ``T`` tokens and ``S`` seconds as ``T / (S + T a)``.
 
+The sums are kept per *load*, the largest batch size of the window (with the decode steps' batch sizes known;
+else one load), and a step at batch size ``B`` is priced from the smallest load at or above ``B`` where both
+regimes were seen (0 where there is none).  A prefill pass costs less per token at a larger load (a pass admits
+more requests) and a regime is chosen mostly at some loads (drafted at one client, off at sixteen), so prices
+pooled over every load would compare one regime's one-client admissions with the other's sixteen-client ones:
+measured, drafted 1.45 ms a token against off 0.19 at four clients after a server had drafted at one client and
+gone off at sixteen, which turned speculation off at four where it served 1.1x plain.
+
 Only admissions that *refill* the batch are charged.  A prefill pass that grows the batch past the size the last
 refill brought it to (the initial fill, arrivals into a batch with free slots) is the load's, paid whatever the
 regime, and charging it to the regime of its window would price that regime by when the load arrived: at start-up the
@@ -54,8 +62,9 @@ class AdmissionPrice:
             raise ValueError("window >= 1, purity in (0.5, 1], memory >= 1, min_windows >= 0")
         self.window, self.purity, self.min_windows = window, purity, min_windows
         self._decay = 1.0 - 1.0 / memory
-        self._sums = {DRAFTED: [0.0, 0.0, 0.0], OFF: [0.0, 0.0, 0.0]}  # regime -> [prefill s, tokens, windows]
-        self._open = [0, 0, 0.0, 0]  # this window: steps, drafted steps, prefill seconds, tokens
+        # (regime, load) -> [prefill s, tokens, windows]
+        self._sums: dict[tuple[bool, int], list[float]] = {}
+        self._open = [0, 0, 0.0, 0, 0]  # this window: steps, drafted steps, prefill seconds, tokens, load
         self._pending = 0.0  # prefill seconds since the last decode step, charged once its batch size is known
         self._before = 0  # the batch size of the last decode step before those passes
         self._size = 0  # the batch size of the last decode step
@@ -77,6 +86,7 @@ class AdmissionPrice:
         if batch_size is not None:
             self._size = batch_size
         w = self._open
+        w[4] = max(w[4], batch_size or 0)
         w[0] += 1
         w[1] += int(drafted)
         w[3] += tokens
@@ -85,9 +95,9 @@ class AdmissionPrice:
         share = w[1] / w[0]
         regime = DRAFTED if share >= self.purity else OFF if 1.0 - share >= self.purity else None
         if regime is not None and w[3] > 0:
-            s = self._sums[regime]
+            s = self._sums.setdefault((regime, w[4]), [0.0, 0.0, 0.0])
             s[:] = [s[0] * self._decay + w[2], s[1] * self._decay + w[3], s[2] * self._decay + 1.0]
-        self._open = [0, 0, 0.0, 0]
+        self._open = [0, 0, 0.0, 0, 0]
 
     def _refill_share(self, batch_size: int | None) -> float:
         """The share of the pending passes' seconds that refilled finished requests' slots (module docstring)."""
@@ -97,16 +107,28 @@ class AdmissionPrice:
         finished = max(self._refilled - self._before, 0)
         return min(finished, admitted) / admitted
 
-    def per_token(self, drafted: bool) -> float:
-        """Admission seconds per output token of the regime (0 until both regimes are measured)."""
-        if min(s[2] for s in self._sums.values()) < self.min_windows:
+    def load(self, batch_size: int | None = None) -> int | None:
+        """The load that prices a step at ``batch_size``: the smallest at or above it where both regimes have
+        ``min_windows`` windows (None: no such load; ``batch_size`` None: any load; load 0, a runtime that does not
+        report batch sizes, prices every size)."""
+        seen = [ld for (r, ld), s in self._sums.items() if r == DRAFTED and s[2] >= self.min_windows]
+        both = [ld for ld in seen if self._sums.get((OFF, ld), (0, 0, 0.0))[2] >= self.min_windows]
+        both = [ld for ld in both if batch_size is None or ld >= batch_size or ld == 0]  # 0: sizes not reported
+        return min(both) if both else None
+
+    def per_token(self, drafted: bool, batch_size: int | None = None) -> float:
+        """Admission seconds per output token of the regime at ``batch_size``'s load (0 until both regimes are
+        measured there)."""
+        load = self.load(batch_size)
+        if load is None:
             return 0.0
-        seconds, tokens, _ = self._sums[drafted]
+        seconds, tokens, _ = self._sums[drafted, load]
         return seconds / tokens
 
     def summary(self) -> dict[str, float | None]:
-        """Milliseconds of admission per token of each regime so far (None: no window of it yet)."""
+        """Milliseconds of admission per token of each regime at each load (``admission_ms_per_token_drafted@16``)."""
         return {
-            f"admission_ms_per_token_{name}": (round(1000.0 * s[0] / s[1], 4) if s[1] else None)
-            for name, s in (("drafted", self._sums[DRAFTED]), ("off", self._sums[OFF]))
+            f"admission_ms_per_token_{'drafted' if r else 'off'}@{ld}": round(1000.0 * s[0] / s[1], 4)
+            for (r, ld), s in sorted(self._sums.items(), key=lambda kv: (kv[0][1], not kv[0][0]))
+            if s[1]
         }

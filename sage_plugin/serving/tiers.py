@@ -265,7 +265,7 @@ class TierChooser(BreakEven, TierCosts):
             return None
         n = batch_size if speculating is None or tier.off else min(speculating, batch_size)
         total = n * tokens + (batch_size - n)
-        admission = 0.0 if self.admission is None else self.admission.per_token(not tier.off)
+        admission = 0.0 if self.admission is None else self.admission.per_token(not tier.off, batch_size)
         return total / (step + total * admission)
 
     def best(

@@ -167,7 +167,7 @@ def test_admission_price_by_hand_and_only_once_both_regimes_are_seen():
         price.step(True, 100)
         price.step(False, 100)
     assert price.per_token(True) == pytest.approx(0.48 / 1024)
-    assert price.summary()["admission_ms_per_token_off"] == pytest.approx(0.1562, abs=1e-4)
+    assert price.summary()["admission_ms_per_token_off@0"] == pytest.approx(0.1562, abs=1e-4)  # one load: sizes unknown
 
 
 def test_the_chooser_prices_admissions_per_token():
@@ -190,6 +190,11 @@ def _serve(price: AdmissionPrice, sizes: list[int], drafted: bool, prefill_s: fl
         price.step(drafted, size, size)
 
 
+def _charged(price: AdmissionPrice, drafted: bool) -> float:
+    """The prefill seconds charged to a regime, every load together."""
+    return sum(v[0] for (r, _), v in price._sums.items() if r == drafted)
+
+
 def test_only_refills_are_charged_not_the_initial_fill():
     """Passes that grow the batch past its last refilled size (the initial fill) are the load's, not the regime's;
     a pass that refills finished requests' slots is charged, in the share of its admissions that refill."""
@@ -198,15 +203,15 @@ def test_only_refills_are_charged_not_the_initial_fill():
     _serve(price, [4] * 4, False)
     price.prefill(1.0)
     _serve(price, [16] * 4, False)
-    assert price._sums[False][0] == 0.0  # 4 then 12 admitted, none refilling
+    assert _charged(price, False) == 0.0  # 4 then 12 admitted, none refilling
     _serve(price, [12] * 3, True)  # 4 requests finished
     price.prefill(0.5)
     _serve(price, [16] * 5, True)
-    assert price._sums[True][0] == pytest.approx(0.5)  # 4 admitted after 4 finished: all of it
+    assert _charged(price, True) == pytest.approx(0.5)  # 4 admitted after 4 finished: all of it
     _serve(price, [14] * 4, True)  # 2 finished
     price.prefill(0.8)
     _serve(price, [18] * 4, True)  # 4 admitted: 2 refill, 2 grow the batch
-    assert price._sums[True][0] == pytest.approx(0.5 + 0.4)
+    assert _charged(price, True) == pytest.approx(0.5 + 0.4)
     price.prefill(2.0)  # a runtime that does not report batch sizes: charged whole
     price.step(True, 10)
     assert price._open[2] == pytest.approx(2.0)
@@ -284,3 +289,29 @@ def test_a_probe_that_pays_brings_the_request_back():
     assert gate.speculate(["r"], **terms) == [True]  # the probe is due
     gate.observe(["r"], [2], [True], **terms)  # and its drafts pass
     assert gate.speculate(["r"], **terms) == [True]
+
+
+def test_admissions_are_priced_per_load():
+    """A server that drafted at one client and went off at sixteen compares regimes at four clients with what each
+    paid at four, not with its one-client and sixteen-client prices (measured, pooled over loads: drafted 1.45 ms a
+    token, off 0.19)."""
+    price = AdmissionPrice(window=4, memory=10**9, min_windows=1)  # no decay in this example
+    _serve(price, [1] * 4, True)
+    for _ in range(4):
+        price.prefill(0.0058)  # one-client refills, drafted only: a pass per 4 tokens
+        _serve(price, [1] * 4, True)
+    for _ in range(4):  # sixteen clients, off only: 4 finish, a pass refills them
+        _serve(price, [12] * 3, False)
+        price.prefill(0.0122)
+        _serve(price, [16], False)
+    assert price.load(1) is None and price.per_token(True, 1) == 0.0 == price.per_token(False, 16)
+    for drafted in (True, False, True, False):  # both regimes at four clients, 0.5 ms a token (13 tokens a window)
+        _serve(price, [3] * 3, drafted)
+        price.prefill(0.0065)
+        _serve(price, [4], drafted)
+    assert price.load(1) == 4 == price.load(4) and price.load(5) is None
+    assert price.per_token(True, 1) == pytest.approx(0.0005) and price.per_token(False, 4) == pytest.approx(0.0005)
+    summary = price.summary()
+    assert summary["admission_ms_per_token_drafted@1"] == pytest.approx(1000 * 4 * 0.0058 / 20)
+    # the first of the four passes grows the batch from one request: not charged
+    assert summary["admission_ms_per_token_off@16"] == pytest.approx(1000 * 3 * 0.0122 / (4 * 52), abs=1e-4)
