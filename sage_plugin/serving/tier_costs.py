@@ -67,6 +67,8 @@ class TierCosts:
         self.cost_window = cost_window
         self.bound_slack = bound_slack
         self._cost: dict[tuple[Tier, int], deque[float]] = {}
+        self._median: dict[tuple[Tier, int], float] = {}  # the low median of each ``_cost`` window
+        self._held: dict[tuple[Tier, int], float] = {}  # that, held to the larger classes' (:meth:`cost`)
         self._unpriced = {t: unpriced_first for t in self.tiers}  # warm-up steps left per tier
         self._overhead: float | None = None
         self._catch_up: dict[int, deque[float]] = {}  # size class -> catch-up timings (``record_catch_up``)
@@ -90,12 +92,7 @@ class TierCosts:
         its measured cost at any larger size class: a step of fewer requests never costs more, so a size priced high
         by a slow spell of the machine (or by longer contexts at the time) is held to what a larger batch was seen to
         cost.  Example: off measured 46 ms at 16 and 52 ms at 13 is priced 46 ms at 13."""
-        size = self.size_class(batch_size)
-        samples = self._cost.get((tier, size))
-        if not samples:
-            return None
-        larger = (statistics.median_low(q) for (t, b), q in self._cost.items() if t == tier and b > size and q)
-        return min([statistics.median_low(samples), *larger])
+        return self._held.get((tier, self.size_class(batch_size)))
 
     def record_cost(self, tier: Tier, batch_size: int, seconds: float) -> None:
         """A measured step time of ``tier`` at ``batch_size`` (kept for its size class; dropped while the tier is warming
@@ -104,7 +101,12 @@ class TierCosts:
             self._unpriced[tier] -= 1
             return
         key = (tier, self.size_class(batch_size))
-        self._cost.setdefault(key, deque(maxlen=self.cost_window)).append(seconds)
+        samples = self._cost.setdefault(key, deque(maxlen=self.cost_window))
+        samples.append(seconds)
+        self._median[key] = statistics.median_low(samples)
+        low = float("inf")  # the tier's costs again, from its largest class down (set once per recorded step)
+        for b in sorted((b for (t, b) in self._median if t == tier), reverse=True):
+            low = self._held[tier, b] = min(low, self._median[tier, b])
 
     def record_catch_up(self, batch_size: int, seconds: float) -> None:
         """A measured catch-up of a draft left behind by off steps that skipped its extend (SGLang's

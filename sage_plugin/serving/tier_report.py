@@ -81,8 +81,9 @@ def tier_summary(chooser: Any) -> dict[str, dict[str, float | None]]:
     any; the off tier: 1.0), the measured cost (ms) at each size class seen (the batch size itself without captured
     sizes) and the steps run there, the tokens per request expected when those steps were chosen and served by them
     (``expected@B``, ``served@B``: drafted tiers); then ``overhead``: the per-step overhead, the admission price per
-    token of each regime and the acceptance changes detected (when the chooser keeps them), and the measured catch-up
-    of a lagging draft at each size class (``catch_up_ms@B``, once one ran)."""
+    token of each regime at each load (``admission_ms_per_token_drafted@L``) and the acceptance changes detected
+    (when the chooser keeps them), and the measured catch-up of a lagging draft at each size class (``catch_up_ms@B``,
+    once one ran)."""
     out: dict[str, dict[str, float | None]] = {}
     for t in chooser.tiers:
         steps_at = chooser.tally.steps_at(t)
