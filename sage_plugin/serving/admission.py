@@ -111,9 +111,11 @@ class AdmissionPrice:
         """The load that prices a step at ``batch_size``: the smallest at or above it where both regimes have
         ``min_windows`` windows (None: no such load; ``batch_size`` None: any load; load 0, a runtime that does not
         report batch sizes, prices every size)."""
-        seen = [ld for (r, ld), s in self._sums.items() if r == DRAFTED and s[2] >= self.min_windows]
-        both = [ld for ld in seen if self._sums.get((OFF, ld), (0, 0, 0.0))[2] >= self.min_windows]
-        both = [ld for ld in both if batch_size is None or ld >= batch_size or ld == 0]  # 0: sizes not reported
+        both = [
+            ld for (r, ld), s in self._sums.items()
+            if r == DRAFTED and (OFF, ld) in self._sums and min(s[2], self._sums[OFF, ld][2]) >= self.min_windows
+            and (batch_size is None or ld >= batch_size or ld == 0)  # 0: sizes not reported
+        ]  # fmt: skip
         return min(both) if both else None
 
     def per_token(self, drafted: bool, batch_size: int | None = None) -> float:

@@ -315,3 +315,15 @@ def test_admissions_are_priced_per_load():
     assert summary["admission_ms_per_token_drafted@1"] == pytest.approx(1000 * 4 * 0.0058 / 20)
     # the first of the four passes grows the batch from one request: not charged
     assert summary["admission_ms_per_token_off@16"] == pytest.approx(1000 * 3 * 0.0122 / (4 * 52), abs=1e-4)
+
+
+def test_a_load_one_regime_never_ran_at_is_not_priced_even_without_a_window_minimum():
+    """``min_windows=0`` prices a load as soon as both regimes have a window there, and not before: a load only
+    the drafted regime ran at prices no step (rather than reading the off regime's missing sums)."""
+    price = AdmissionPrice(window=4, min_windows=0)
+    _serve(price, [4] * 3, True)
+    price.prefill(0.01)
+    _serve(price, [4] * 5, True)
+    assert price.load(4) is None and price.per_token(True, 4) == 0.0 == price.per_token(False, 4)
+    _serve(price, [4] * 4, False)
+    assert price.load(4) == 4 and price.per_token(False, 4) == 0.0 and price.per_token(True, 4) > 0.0
