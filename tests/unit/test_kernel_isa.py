@@ -13,7 +13,7 @@ from sage_plugin.kernels import native
 
 V3 = {"sse2", "avx", "avx2", "fma", "bmi2"}
 V4 = V3 | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
-KERNELS = ("rows_linear", "paged_attention", "llama_decoder", "beam_level")
+KERNELS = ("rows_linear", "paged_attention", "llama_decoder", "beam_level", "spec_cache")
 
 
 @pytest.mark.parametrize(

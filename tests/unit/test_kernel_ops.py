@@ -17,6 +17,7 @@ from sage_plugin.kernels.beam_level import beam_ops
 from sage_plugin.kernels.linear import rows_kernel
 from sage_plugin.kernels.llama_decoder import decoder_kernel
 from sage_plugin.kernels.paged_attention import attention_kernel
+from sage_plugin.kernels.spec_cache import spec_cache_ops
 
 CHECKS = ("test_schema", "test_faketensor")
 
@@ -90,8 +91,43 @@ def _level_pays():
     return beam_ops(), "level_pays", (pool.joint, pool.depths, pool.count, 1, torch.tensor([1.0, 1.1, 1.2]), None)
 
 
+SPEC_CACHE_OPS = ("assign_req_to_token_pool", "assign_extend_cache_locs", "assign_draft_cache_locs_contiguous",
+                  "fill_bonus_tokens", "fill_accept_out_cache_loc", "build_draft_decode_metadata")  # fmt: skip
+
+
+def _spec_cache(name):
+    """One call of a ``spec_cache`` op: two requests in rows 2 and 0 of an 8-column ``req_to_token``."""
+    table = torch.arange(24, dtype=torch.int32).reshape(3, 8)
+    rpi, start, end = torch.tensor([2, 0]), torch.tensor([1, 3]), torch.tensor([3, 4])
+    args = {
+        "assign_req_to_token_pool": (rpi, table, start, end, torch.tensor([40, 41, 42]), 8),
+        "assign_extend_cache_locs": (rpi, table, start, end, torch.zeros(4, dtype=torch.int64), 8),
+        "assign_draft_cache_locs_contiguous": (rpi, table, start, torch.zeros(4, dtype=torch.int64), 8, 2, 1),
+        "fill_bonus_tokens": (
+            torch.tensor([[5, 6], [7, 8]]),
+            torch.tensor([2, 1]),
+            torch.zeros(2, dtype=torch.int32),
+            2,
+        ),
+        "fill_accept_out_cache_loc": (
+            torch.tensor([[0, -1], [2, 3]]),
+            torch.arange(10, 14),
+            torch.zeros(4, dtype=torch.int64),
+            None,
+        ),
+        "build_draft_decode_metadata": (table, rpi, start, 2, 2, 8),
+    }[name]
+    return spec_cache_ops(), name, args
+
+
+def _case(name):
+    case = lambda: _spec_cache(name)  # noqa: E731
+    case.__name__ = f"_{name}"
+    return case
+
+
 CASES = [_rows_linear, _paged_attention, _llama_decoder, _llama_layer_before, _llama_layer_after, _beam_level,
-         _level_pays]  # fmt: skip
+         _level_pays, *map(_case, SPEC_CACHE_OPS)]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__.lstrip("_"))

@@ -125,8 +125,8 @@ def test_without_the_demo_installed_a_demo_path_names_the_command_that_installs_
 def test_setup_on_this_machine_builds_every_kernel_it_can(capsys):
     assert main(["setup"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("ok demo: ") and "\nok target: " in out and out.count("\n") == 6
-    for name in ("rows linear", "paged attention", "Llama decoder", "beam level"):
+    assert out.startswith("ok demo: ") and "\nok target: " in out and out.count("\n") == 7
+    for name in ("rows linear", "paged attention", "Llama decoder", "beam level", "speculative cache ops"):
         assert f" {name}: " in out
 
 

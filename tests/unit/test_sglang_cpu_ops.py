@@ -8,6 +8,8 @@ neither need nor touch ``sgl_kernel``.  No sglang import.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,8 +17,9 @@ from hypothesis import strategies as st
 
 from sage_plugin.core.tree import DraftTree, ancestor_mask
 from sage_plugin.core.verify import walk_tree
+from sage_plugin.kernels.spec_cache import spec_cache_ops
 from sage_plugin.runtimes.sglang import cpu_ops
-from sage_plugin.runtimes.sglang.cpu_ops import CPU_OP_NAMES, FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING
+from sage_plugin.runtimes.sglang.cpu_ops import CPU_OP_NAMES, FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING, cache_ops
 from tests.oracles.tree_formats import to_retrieve_arrays, tree_positions
 
 NS = "sage_test_sgl"
@@ -399,6 +402,24 @@ def test_reconstruct_indices_from_tree_mask(trees, seed):
 
 # ------------------------------------------------------------------------------------------ cache locations
 
+#: the cache-location ops run through their one-call loops (``kernels/csrc/spec_cache.cpp``) or their torch path
+PATHS = pytest.mark.parametrize("path", ["native", "torch"])
+
+
+@contextmanager
+def cache_path(path: str):
+    """The cache-location ops of :mod:`cache_ops` through ``path``: ``native`` (skipped where the library cannot be
+    built) or ``torch``."""
+    if path == "native" and spec_cache_ops() is None:
+        pytest.skip("the spec_cache library is not built here")
+    saved = cache_ops._native
+    if path == "torch":
+        cache_ops._native = lambda: None
+    try:
+        yield
+    finally:
+        cache_ops._native = saved
+
 
 @st.composite
 def pools(draw):
@@ -409,104 +430,145 @@ def pools(draw):
     return draw(st.integers(0, 2**31)), bs, num_reqs, draw(st.integers(8, 40)), rpi
 
 
+@PATHS
 @SETTINGS
 @given(pools(), st.sampled_from([torch.int32, torch.int64]), st.booleans())
-def test_assign_req_to_token_pool(pool, idx_dtype, with_bs_upper):
-    seed, bs, num_reqs, pool_len, rpi = pool
-    g = gen(seed)
-    start = torch.randint(0, pool_len, (bs,), generator=g)
-    end = start + (torch.rand(bs, generator=g) * (pool_len - start + 1)).long()
-    total = int((end - start).sum())
-    out_cache_loc = torch.randperm(10_000, generator=g)[:total]
-    req_to_token = torch.randint(0, 10_000, (num_reqs, pool_len), generator=g, dtype=torch.int32)
-    want = req_to_token.clone()
-    off = 0
-    for b in range(bs):
-        length = int(end[b] - start[b])
-        want[rpi[b], int(start[b]) : int(end[b])] = out_cache_loc[off : off + length].int()
-        off += length
-    args = [torch.tensor(rpi, dtype=idx_dtype), req_to_token, start.to(idx_dtype), end.to(idx_dtype), out_cache_loc]
-    ops().assign_req_to_token_pool_cpu(*args, pool_len, *([8] if with_bs_upper else []))
-    assert torch.equal(req_to_token, want)
+def test_assign_req_to_token_pool(path, pool, idx_dtype, with_bs_upper):
+    with cache_path(path):
+        seed, bs, num_reqs, pool_len, rpi = pool
+        g = gen(seed)
+        start = torch.randint(0, pool_len, (bs,), generator=g)
+        end = start + (torch.rand(bs, generator=g) * (pool_len - start + 1)).long()
+        total = int((end - start).sum())
+        out_cache_loc = torch.randperm(10_000, generator=g)[:total]
+        req_to_token = torch.randint(0, 10_000, (num_reqs, pool_len), generator=g, dtype=torch.int32)
+        want = req_to_token.clone()
+        off = 0
+        for b in range(bs):
+            length = int(end[b] - start[b])
+            want[rpi[b], int(start[b]) : int(end[b])] = out_cache_loc[off : off + length].int()
+            off += length
+        args = [torch.tensor(rpi, dtype=idx_dtype), req_to_token, start.to(idx_dtype), end.to(idx_dtype), out_cache_loc]
+        ops().assign_req_to_token_pool_cpu(*args, pool_len, *([8] if with_bs_upper else []))
+        assert torch.equal(req_to_token, want)
 
 
+@PATHS
 @SETTINGS
 @given(pools(), st.integers(1, 3), st.integers(1, 3), st.sampled_from([torch.int32, torch.int64]))
-def test_assign_draft_cache_locs_contiguous(pool, topk, num_steps, idx_dtype):
-    seed, bs, num_reqs, pool_len, rpi = pool
-    g = gen(seed)
-    width = topk * num_steps
-    req_to_token = torch.randint(0, 10_000, (num_reqs, pool_len + width), generator=g, dtype=torch.int32)
-    seq_lens = torch.randint(0, pool_len + 1, (bs,), generator=g)
-    out = torch.empty(bs * width, dtype=torch.int64)
-    ops().assign_draft_cache_locs_contiguous_cpu(
-        torch.tensor(rpi, dtype=idx_dtype), req_to_token, seq_lens.to(idx_dtype), out, pool_len + width, topk, num_steps
-    )
-    want = [int(req_to_token[rpi[b], int(seq_lens[b]) + j]) for b in range(bs) for j in range(width)]
-    assert out.tolist() == want
-    with pytest.raises(RuntimeError):
+def test_assign_draft_cache_locs_contiguous(path, pool, topk, num_steps, idx_dtype):
+    with cache_path(path):
+        seed, bs, num_reqs, pool_len, rpi = pool
+        g = gen(seed)
+        width = topk * num_steps
+        req_to_token = torch.randint(0, 10_000, (num_reqs, pool_len + width), generator=g, dtype=torch.int32)
+        seq_lens = torch.randint(0, pool_len + 1, (bs,), generator=g)
+        out = torch.empty(bs * width, dtype=torch.int64)
         ops().assign_draft_cache_locs_contiguous_cpu(
-            torch.tensor(rpi), req_to_token, seq_lens, out[:-1], pool_len + width, topk, num_steps
+            torch.tensor(rpi, dtype=idx_dtype),
+            req_to_token,
+            seq_lens.to(idx_dtype),
+            out,
+            pool_len + width,
+            topk,
+            num_steps,
         )
+        want = [int(req_to_token[rpi[b], int(seq_lens[b]) + j]) for b in range(bs) for j in range(width)]
+        assert out.tolist() == want
+        with pytest.raises(RuntimeError):
+            ops().assign_draft_cache_locs_contiguous_cpu(
+                torch.tensor(rpi), req_to_token, seq_lens, out[:-1], pool_len + width, topk, num_steps
+            )
 
 
+@PATHS
 @SETTINGS
 @given(pools(), st.sampled_from([torch.int32, torch.int64]))
-def test_assign_extend_cache_locs(pool, idx_dtype):
-    seed, bs, num_reqs, pool_len, rpi = pool
-    g = gen(seed)
-    req_to_token = torch.randint(0, 10_000, (num_reqs, pool_len), generator=g, dtype=torch.int32)
-    start = torch.randint(0, pool_len, (bs,), generator=g)
-    end = torch.minimum(start + torch.randint(0, 6, (bs,), generator=g), torch.tensor(pool_len))
-    want = [int(req_to_token[rpi[b], c]) for b in range(bs) for c in range(int(start[b]), int(end[b]))]
-    out = torch.full((len(want) + 3,), -5, dtype=torch.int64)  # SGLang sizes it bs*draft_token_num
-    ops().assign_extend_cache_locs_cpu(
-        torch.tensor(rpi, dtype=idx_dtype), req_to_token, start.to(idx_dtype), end.to(idx_dtype), out, pool_len
-    )
-    assert out.tolist() == want + [-5] * 3
+def test_assign_extend_cache_locs(path, pool, idx_dtype):
+    with cache_path(path):
+        seed, bs, num_reqs, pool_len, rpi = pool
+        g = gen(seed)
+        req_to_token = torch.randint(0, 10_000, (num_reqs, pool_len), generator=g, dtype=torch.int32)
+        start = torch.randint(0, pool_len, (bs,), generator=g)
+        end = torch.minimum(start + torch.randint(0, 6, (bs,), generator=g), torch.tensor(pool_len))
+        want = [int(req_to_token[rpi[b], c]) for b in range(bs) for c in range(int(start[b]), int(end[b]))]
+        out = torch.full((len(want) + 3,), -5, dtype=torch.int64)  # SGLang sizes it bs*draft_token_num
+        ops().assign_extend_cache_locs_cpu(
+            torch.tensor(rpi, dtype=idx_dtype), req_to_token, start.to(idx_dtype), end.to(idx_dtype), out, pool_len
+        )
+        assert out.tolist() == want + [-5] * 3
 
 
+@PATHS
 @SETTINGS
 @given(pools(), st.integers(1, 3), st.integers(1, 3))
-def test_build_draft_decode_metadata(pool, topk, num_steps):
-    seed, bs, num_reqs, prefix_room, rpi = pool
-    g = gen(seed)
-    pool_len = prefix_room + topk * num_steps
-    req_to_token = torch.randint(0, 10_000, (num_reqs, pool_len), generator=g, dtype=torch.int32)
-    seq_lens = torch.randint(0, prefix_room + 1, (bs,), generator=g)
-    out = ops().build_draft_decode_metadata_cpu(req_to_token, torch.tensor(rpi), seq_lens, topk, num_steps, pool_len)
-    assert out.shape == (bs * topk, pool_len) and out.dtype == req_to_token.dtype
-    for b in range(bs):
-        s, row = int(seq_lens[b]), req_to_token[rpi[b]].tolist()
-        for k in range(topk):
-            want = row[:s] + row[s + k * num_steps : s + (k + 1) * num_steps]
-            assert out[b * topk + k, : s + num_steps].tolist() == want
+def test_build_draft_decode_metadata(path, pool, topk, num_steps):
+    with cache_path(path):
+        seed, bs, num_reqs, prefix_room, rpi = pool
+        g = gen(seed)
+        pool_len = prefix_room + topk * num_steps
+        req_to_token = torch.randint(0, 10_000, (num_reqs, pool_len), generator=g, dtype=torch.int32)
+        seq_lens = torch.randint(0, prefix_room + 1, (bs,), generator=g)
+        out = ops().build_draft_decode_metadata_cpu(
+            req_to_token, torch.tensor(rpi), seq_lens, topk, num_steps, pool_len
+        )
+        assert out.shape == (bs * topk, pool_len) and out.dtype == req_to_token.dtype
+        for b in range(bs):
+            s, row = int(seq_lens[b]), req_to_token[rpi[b]].tolist()
+            for k in range(topk):
+                want = row[:s] + row[s + k * num_steps : s + (k + 1) * num_steps]
+                assert out[b * topk + k, : s + num_steps].tolist() == want
+        if path == "native":  # past the draft columns too, the loop writes what the torch path does
+            cache_ops._native = lambda: None
+            torch_out = ops().build_draft_decode_metadata_cpu(
+                req_to_token, torch.tensor(rpi), seq_lens, topk, num_steps, pool_len
+            )
+            assert torch.equal(out, torch_out)
+
+
+def test_native_cache_ops_refuse_an_index_outside_their_buffers():
+    """An index past ``req_to_token`` or past an output raises, as the torch path's indexing does, instead of writing
+    outside the buffer."""
+    with cache_path("native"):
+        table = torch.zeros(2, 8, dtype=torch.int32)
+        with pytest.raises(RuntimeError, match="out of range"):  # row 2 of a 2-row table
+            ops().assign_req_to_token_pool_cpu(torch.tensor([2]), table, torch.tensor([0]), torch.tensor([1]),
+                                               torch.tensor([5]), 8)  # fmt: skip
+        with pytest.raises(RuntimeError, match="out of range"):  # more slots than out_cache_loc holds
+            ops().assign_req_to_token_pool_cpu(torch.tensor([1]), table, torch.tensor([0]), torch.tensor([3]),
+                                               torch.tensor([5, 6]), 8)  # fmt: skip
+        out = torch.zeros(2, dtype=torch.int64)
+        with pytest.raises(RuntimeError, match="out of range"):  # three locations into a two-entry output
+            ops().assign_extend_cache_locs_cpu(torch.tensor([0]), table, torch.tensor([0]), torch.tensor([3]), out, 8)
+        assert not table[:, 2:].any()
 
 
 # ------------------------------------------------------------------------------------------ accept / bonus
 
 
+@PATHS
 @SETTINGS
 @given(st.integers(0, 2**31), st.integers(1, 5), st.integers(1, 5), st.booleans())
-def test_fill_bonus_and_accept_out_cache_loc(seed, bs, steps, pass_size):
-    g = gen(seed)
-    n = steps + 2
-    accept_lens = torch.randint(1, steps + 1, (bs,), generator=g, dtype=torch.int32)
-    accept_tokens = torch.randint(0, 1000, (bs, steps), generator=g, dtype=torch.int32)
-    bonus = torch.empty(bs, dtype=torch.int32)
-    ops().fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus, steps)
-    assert bonus.tolist() == [int(accept_tokens[b, int(accept_lens[b]) - 1]) for b in range(bs)]
+def test_fill_bonus_and_accept_out_cache_loc(path, seed, bs, steps, pass_size):
+    with cache_path(path):
+        g = gen(seed)
+        n = steps + 2
+        accept_lens = torch.randint(1, steps + 1, (bs,), generator=g, dtype=torch.int32)
+        accept_tokens = torch.randint(0, 1000, (bs, steps), generator=g, dtype=torch.int32)
+        bonus = torch.empty(bs, dtype=torch.int32)
+        ops().fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus, steps)
+        assert bonus.tolist() == [int(accept_tokens[b, int(accept_lens[b]) - 1]) for b in range(bs)]
 
-    accept_index = torch.full((bs, steps), -1, dtype=torch.int32)
-    for b in range(bs):  # root first, then a few accepted nodes of request b, -1 after
-        k = int(accept_lens[b])
-        accept_index[b, :k] = (b * n + torch.sort(torch.randperm(n, generator=g)[:k]).values).int()
-    out_cache_loc = torch.randperm(4096, generator=g)[: bs * n]
-    got = torch.full((bs * steps,), -3, dtype=torch.int64)
-    size = [bs * steps] if pass_size else []
-    ops().fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, got, *size)
-    kept = [int(out_cache_loc[a]) for a in accept_index.flatten().tolist() if a != -1]
-    assert got.tolist() == kept + [-3] * (bs * steps - len(kept))
+        accept_index = torch.full((bs, steps), -1, dtype=torch.int32)
+        for b in range(bs):  # root first, then a few accepted nodes of request b, -1 after
+            k = int(accept_lens[b])
+            accept_index[b, :k] = (b * n + torch.sort(torch.randperm(n, generator=g)[:k]).values).int()
+        out_cache_loc = torch.randperm(4096, generator=g)[: bs * n]
+        got = torch.full((bs * steps,), -3, dtype=torch.int64)
+        size = [bs * steps] if pass_size else []
+        ops().fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, got, *size)
+        kept = [int(out_cache_loc[a]) for a in accept_index.flatten().tolist() if a != -1]
+        assert got.tolist() == kept + [-3] * (bs * steps - len(kept))
 
 
 @SETTINGS

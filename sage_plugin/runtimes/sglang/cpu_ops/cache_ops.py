@@ -38,9 +38,11 @@ Conventions are the package's (:mod:`sage_plugin.runtimes.sglang.cpu_ops`).  Sem
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import torch
 
+from ....kernels.spec_cache import spec_cache_ops
 from ._common import _flat_out, _long, _segments
 
 __all__ = [
@@ -53,6 +55,12 @@ __all__ = [
     "fill_bonus_tokens_cpu",
     "rotate_input_ids_cpu",
 ]
+
+
+def _native() -> Any:
+    """The one-call loops of these ops (``kernels/csrc/spec_cache.cpp``, same semantics), or None where the library
+    is not built: each op below then runs its torch path, the loops' oracle."""
+    return spec_cache_ops()
 
 
 # --------------------------------------------------------------------------------------------- KV cache
@@ -109,6 +117,11 @@ def assign_req_to_token_pool_cpu(
     bs_upper: int | None = None,
 ) -> None:
     """Write each request's new KV slots into its ``req_to_token`` row (see the module docstring)."""
+    if (native := _native()) is not None:
+        native.assign_req_to_token_pool(
+            req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
+        )
+        return
     rows, cols = _segments(_long(start_offset), _long(end_offset))
     flat = _flat_out(req_to_token, "req_to_token")
     dst = _long(req_pool_indices)[rows] * pool_len + cols
@@ -125,6 +138,11 @@ def assign_draft_cache_locs_contiguous_cpu(
     num_steps: int,
 ) -> None:
     """Gather ``topk * num_steps`` draft slots per request, starting at ``seq_lens`` (module docstring)."""
+    if (native := _native()) is not None:
+        native.assign_draft_cache_locs_contiguous(
+            req_pool_indices, req_to_token, seq_lens, out_cache_loc, pool_len, topk, num_steps
+        )
+        return
     bs, width = req_pool_indices.numel(), topk * num_steps
     if out_cache_loc.numel() != bs * width:
         raise RuntimeError(
@@ -144,6 +162,11 @@ def assign_extend_cache_locs_cpu(
     pool_len: int,
 ) -> None:
     """Concatenate ``req_to_token[rpi[b], start[b]:end[b]]`` over requests into ``out_cache_loc``."""
+    if (native := _native()) is not None:
+        native.assign_extend_cache_locs(
+            req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
+        )
+        return
     rows, cols = _segments(_long(start_offset), _long(end_offset))
     out = _flat_out(out_cache_loc, "out_cache_loc")
     src = _long(req_pool_indices)[rows] * pool_len + cols
@@ -159,6 +182,8 @@ def build_draft_decode_metadata_cpu(
     pool_len: int,
 ) -> torch.Tensor:
     """Per-branch ``req_to_token`` rows ``[bs*topk, pool_len]`` for the multi-step draft decode."""
+    if (native := _native()) is not None:
+        return native.build_draft_decode_metadata(req_to_token, req_pool_indices, seq_lens, topk, num_steps, pool_len)
     bs = req_pool_indices.numel()
     flat = req_to_token.reshape(-1)
     col = torch.arange(pool_len)  # [P]
@@ -181,6 +206,9 @@ def fill_bonus_tokens_cpu(
     accept_tokens: torch.Tensor, accept_lens: torch.Tensor, bonus_tokens: torch.Tensor, accept_stride: int
 ) -> None:
     """``bonus_tokens[b] = accept_tokens.flat[accept_stride*b + accept_lens[b] - 1]``."""
+    if (native := _native()) is not None:
+        native.fill_bonus_tokens(accept_tokens, accept_lens, bonus_tokens, accept_stride)
+        return
     bs = accept_lens.numel()
     src = torch.arange(bs) * accept_stride + _long(accept_lens) - 1
     _flat_out(bonus_tokens, "bonus_tokens")[:bs] = accept_tokens.reshape(-1)[src].to(bonus_tokens.dtype)
@@ -193,6 +221,9 @@ def fill_accept_out_cache_loc_cpu(
     size: int | None = None,
 ) -> None:
     """Stable compaction of the accepted nodes' KV slots to the front of ``accept_out_cache_loc``."""
+    if (native := _native()) is not None:
+        native.fill_accept_out_cache_loc(accept_index, out_cache_loc, accept_out_cache_loc, size)
+        return
     flat = _long(accept_index)
     if size is not None:
         flat = flat[: max(int(size), 0)]
