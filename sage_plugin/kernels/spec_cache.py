@@ -1,6 +1,6 @@
-"""The speculative step's cache-location ops as single CPU calls: ``csrc/spec_cache.cpp``.
+"""The speculative step's per-step index ops as single CPU calls: ``csrc/spec_cache.cpp``.
 
-Six ops in ``torch.ops.sage_plugin``, each the loop over the batch of the ``sgl_kernel`` CPU op of the same name
+Seven ops in ``torch.ops.sage_plugin``, each the loop over the batch of the ``sgl_kernel`` CPU op of the same name
 (``_cpu`` dropped) that SGLang's speculative path calls every decode step:
 
 * ``assign_req_to_token_pool(req_pool_indices, req_to_token!, start, end, out_cache_loc, pool_len)``;
@@ -9,10 +9,12 @@ Six ops in ``torch.ops.sage_plugin``, each the loop over the batch of the ``sgl_
   num_steps)``;
 * ``fill_bonus_tokens(accept_tokens, accept_lens, bonus_tokens!, accept_stride)``;
 * ``fill_accept_out_cache_loc(accept_index, out_cache_loc, accept_out_cache_loc!, size=None)``;
-* ``build_draft_decode_metadata(req_to_token, req_pool_indices, seq_lens, topk, num_steps, pool_len) -> Tensor``.
+* ``build_draft_decode_metadata(req_to_token, req_pool_indices, seq_lens, topk, num_steps, pool_len) -> Tensor``;
+* ``verify_tree_greedy(predicts!, accept_index!, accept_token_num!, candidates, retrive_index, retrive_next_token,
+  retrive_next_sibling, target_predict)``.
 
-Semantics and shapes: :mod:`sage_plugin.runtimes.sglang.cpu_ops.cache_ops`, whose torch path is the ops' oracle and
-runs wherever the library is not built.  Why one call: a step's host work follows a forward that streamed the weights
+Semantics and shapes: :mod:`sage_plugin.runtimes.sglang.cpu_ops.cache_ops` and ``.tree_ops``, whose torch paths are
+the ops' oracles and run wherever the library is not built.  Why one call: a step's host work follows a forward that streamed the weights
 through the caches, so each of the torch path's few-element operators starts cold; measured on the 2-core EPYC VM
 after a forward-sized weight stream, at 16 requests: ``assign_req_to_token_pool`` 491 us through torch, one call of
 the loop about 90; ``build_draft_decode_metadata`` (4 branches, 8,200 columns) 3.1 ms.
@@ -39,13 +41,14 @@ _MUTATING = (
     "assign_draft_cache_locs_contiguous",
     "fill_bonus_tokens",
     "fill_accept_out_cache_loc",
+    "verify_tree_greedy",
 )
 
 
 def spec_cache_ops() -> Any:
     """The ops (``.assign_req_to_token_pool`` ...), registered on first use, or None where they cannot be built (one
-    warning; the cache-location ops then run their torch path)."""
-    return cpu_ops("spec_cache", "the speculative cache-location ops run their torch path", _register_fakes)
+    warning; the per-step ops then run their torch paths)."""
+    return cpu_ops("spec_cache", "the speculative per-step index ops run their torch paths", _register_fakes)
 
 
 def _register_fakes() -> None:

@@ -92,7 +92,8 @@ def _level_pays():
 
 
 SPEC_CACHE_OPS = ("assign_req_to_token_pool", "assign_extend_cache_locs", "assign_draft_cache_locs_contiguous",
-                  "fill_bonus_tokens", "fill_accept_out_cache_loc", "build_draft_decode_metadata")  # fmt: skip
+                  "fill_bonus_tokens", "fill_accept_out_cache_loc", "build_draft_decode_metadata",
+                  "verify_tree_greedy")  # fmt: skip
 
 
 def _spec_cache(name):
@@ -116,6 +117,16 @@ def _spec_cache(name):
             None,
         ),
         "build_draft_decode_metadata": (table, rpi, start, 2, 2, 8),
+        "verify_tree_greedy": (  # one request, root -> node 1 -> node 2 (a chain of three)
+            torch.full((3,), -1, dtype=torch.int32),
+            torch.full((1, 3), -1, dtype=torch.int32),
+            torch.zeros(1, dtype=torch.int32),
+            torch.tensor([[9, 4, 5]]),
+            torch.tensor([[0, 1, 2]]),
+            torch.tensor([[1, 2, -1]]),
+            torch.tensor([[-1, -1, -1]]),
+            torch.tensor([4, 7, 6]),
+        ),  # fmt: skip
     }[name]
     return spec_cache_ops(), name, args
 

@@ -19,7 +19,7 @@ from sage_plugin.core.tree import DraftTree, ancestor_mask
 from sage_plugin.core.verify import walk_tree
 from sage_plugin.kernels.spec_cache import spec_cache_ops
 from sage_plugin.runtimes.sglang import cpu_ops
-from sage_plugin.runtimes.sglang.cpu_ops import CPU_OP_NAMES, FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING, cache_ops
+from sage_plugin.runtimes.sglang.cpu_ops import CPU_OP_NAMES, FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING, _common
 from tests.oracles.tree_formats import to_retrieve_arrays, tree_positions
 
 NS = "sage_test_sgl"
@@ -33,6 +33,25 @@ def ops():
 
 def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+#: the per-step ops run through their one-call loops (``kernels/csrc/spec_cache.cpp``) or their torch path
+PATHS = pytest.mark.parametrize("path", ["native", "torch"])
+
+
+@contextmanager
+def cache_path(path: str):
+    """The per-step ops of ``cpu_ops`` (cache locations, greedy verify) through ``path``: ``native`` (skipped where the library cannot be
+    built) or ``torch``."""
+    if path == "native" and spec_cache_ops() is None:
+        pytest.skip("the spec_cache library is not built here")
+    saved = _common.native
+    if path == "torch":
+        _common.native = lambda: None
+    try:
+        yield
+    finally:
+        _common.native = saved
 
 
 # ------------------------------------------------------------------------------------------ tree inputs
@@ -265,44 +284,46 @@ def test_sage_tree_round_trip(tree, seq_len):
     assert (sorted(sel[0].tolist()) == sel[0].tolist()) == canonical
 
 
+@PATHS
 @settings(max_examples=30, deadline=None)
 @given(sage_trees(), st.integers(0, 2**31), st.data())
-def test_verify_agrees_with_sage_walk(tree, seed, data):
-    """SGLang's greedy verify and sage's walk_tree accept the same path (distinct sibling tokens)."""
-    parents, depths = tree
-    n = len(parents)
-    g = gen(seed)
-    tokens = torch.randperm(1000, generator=g)[:n]  # all distinct, so siblings differ
-    target = torch.randint(0, 1000, (n,), generator=g)
-    for i in data.draw(st.lists(st.integers(1, max(n - 1, 1)), max_size=n)):  # make some drafts match
-        if i < n:
-            target[parents[i]] = tokens[i]
-    plist, sel, topk, depth = sage_to_sglang(parents, depths)
-    _, _, idx, nxt, sib = (torch.tensor(x) for x in run_build_tree(plist, sel, [0], topk, depth, n, QLEN_ONLY))
-    steps = max(depths) + 1
-    predicts = torch.full((n,), -1, dtype=torch.int32)
-    accept = torch.full((1, steps), -1, dtype=torch.int32)
-    num = torch.zeros(1, dtype=torch.int32)
-    ops().verify_tree_greedy_cpu(predicts, accept, num, tokens[None], idx, nxt, sib, target)
-    d = torch.tensor([depths])
-    valid = torch.ones(1, n, dtype=torch.bool)
-    sage = walk_tree(
-        DraftTree(
-            tokens[None],
-            torch.tensor([parents]),
-            d,
-            torch.tensor([n]),
-            torch.zeros(1, n),
-            torch.where(valid, 0, -1),
-            max(depths),
-            torch.full((1, n), float("nan")),
-        ),
-        target[None],
-    )
-    assert accept.tolist() == sage.accepted_nodes[:, :steps].tolist()  # b = 0: global ids == local ids
-    assert num.tolist() == sage.num_accepted.tolist()
-    last = int(accept[0, num[0]])
-    assert int(predicts[last]) == int(sage.bonus[0])
+def test_verify_agrees_with_sage_walk(path, tree, seed, data):
+    with cache_path(path):
+        """SGLang's greedy verify and sage's walk_tree accept the same path (distinct sibling tokens)."""
+        parents, depths = tree
+        n = len(parents)
+        g = gen(seed)
+        tokens = torch.randperm(1000, generator=g)[:n]  # all distinct, so siblings differ
+        target = torch.randint(0, 1000, (n,), generator=g)
+        for i in data.draw(st.lists(st.integers(1, max(n - 1, 1)), max_size=n)):  # make some drafts match
+            if i < n:
+                target[parents[i]] = tokens[i]
+        plist, sel, topk, depth = sage_to_sglang(parents, depths)
+        _, _, idx, nxt, sib = (torch.tensor(x) for x in run_build_tree(plist, sel, [0], topk, depth, n, QLEN_ONLY))
+        steps = max(depths) + 1
+        predicts = torch.full((n,), -1, dtype=torch.int32)
+        accept = torch.full((1, steps), -1, dtype=torch.int32)
+        num = torch.zeros(1, dtype=torch.int32)
+        ops().verify_tree_greedy_cpu(predicts, accept, num, tokens[None], idx, nxt, sib, target)
+        d = torch.tensor([depths])
+        valid = torch.ones(1, n, dtype=torch.bool)
+        sage = walk_tree(
+            DraftTree(
+                tokens[None],
+                torch.tensor([parents]),
+                d,
+                torch.tensor([n]),
+                torch.zeros(1, n),
+                torch.where(valid, 0, -1),
+                max(depths),
+                torch.full((1, n), float("nan")),
+            ),
+            target[None],
+        )
+        assert accept.tolist() == sage.accepted_nodes[:, :steps].tolist()  # b = 0: global ids == local ids
+        assert num.tolist() == sage.num_accepted.tolist()
+        last = int(accept[0, num[0]])
+        assert int(predicts[last]) == int(sage.bonus[0])
 
 
 # ------------------------------------------------------------------------------------------ verify
@@ -330,43 +351,47 @@ def ref_verify(candidates, retrive_index, next_token, next_sibling, target, step
         predicts[last] = target[last]
 
 
+@PATHS
 @SETTINGS
 @given(eagle_configs(max_batch=4), st.integers(1, 3), st.integers(0, 2))
-def test_verify_tree_greedy_matches_reference(cfg, vocab, extra_steps):
-    seed, bs, topk, steps, n, seq_lens = cfg
-    g = gen(seed + 1)
-    parent_list, selected = eagle_tree(seed, bs, topk, steps, n)
-    _, _, idx, nxt, sib = ref_build_tree(parent_list, selected, seq_lens, topk, n, QLEN_ONLY)
-    candidates = torch.randint(0, vocab, (bs, n), generator=g)
-    target = torch.randint(0, vocab, (bs * n,), generator=g)
-    num_steps = max(1, steps + 1 - extra_steps) if extra_steps < 2 else steps + 2
-    predicts = torch.full((bs * n,), -1, dtype=torch.int32)
-    accept = torch.full((bs, num_steps), -1, dtype=torch.int32)
-    num = torch.full((bs,), 99, dtype=torch.int32)
-    ops().verify_tree_greedy_cpu(
-        predicts, accept, num, candidates, torch.tensor(idx), torch.tensor(nxt), torch.tensor(sib), target
-    )
-    want = [predicts.new_full((bs * n,), -1).tolist(), [[-1] * num_steps for _ in range(bs)], [99] * bs]
-    ref_verify(candidates.tolist(), idx, nxt, sib, target.tolist(), num_steps, *want)
-    assert [predicts.tolist(), accept.tolist(), num.tolist()] == want
+def test_verify_tree_greedy_matches_reference(path, cfg, vocab, extra_steps):
+    with cache_path(path):
+        seed, bs, topk, steps, n, seq_lens = cfg
+        g = gen(seed + 1)
+        parent_list, selected = eagle_tree(seed, bs, topk, steps, n)
+        _, _, idx, nxt, sib = ref_build_tree(parent_list, selected, seq_lens, topk, n, QLEN_ONLY)
+        candidates = torch.randint(0, vocab, (bs, n), generator=g)
+        target = torch.randint(0, vocab, (bs * n,), generator=g)
+        num_steps = max(1, steps + 1 - extra_steps) if extra_steps < 2 else steps + 2
+        predicts = torch.full((bs * n,), -1, dtype=torch.int32)
+        accept = torch.full((bs, num_steps), -1, dtype=torch.int32)
+        num = torch.full((bs,), 99, dtype=torch.int32)
+        ops().verify_tree_greedy_cpu(
+            predicts, accept, num, candidates, torch.tensor(idx), torch.tensor(nxt), torch.tensor(sib), target
+        )
+        want = [predicts.new_full((bs * n,), -1).tolist(), [[-1] * num_steps for _ in range(bs)], [99] * bs]
+        ref_verify(candidates.tolist(), idx, nxt, sib, target.tolist(), num_steps, *want)
+        assert [predicts.tolist(), accept.tolist(), num.tolist()] == want
 
 
-def test_verify_tree_greedy_keyword_call_and_chain():
-    # SGLang's CPU branch passes keywords spelled retrive_*; drafts 3, 4 match, draft 5 does not
-    predicts = torch.full((4,), -1, dtype=torch.int32)
-    accept = torch.full((1, 4), -1, dtype=torch.int32)
-    num = torch.empty(1, dtype=torch.int32)
-    ops().verify_tree_greedy_cpu(
-        predicts=predicts,
-        accept_index=accept,
-        accept_token_num=num,
-        candidates=torch.tensor([[10, 3, 4, 5]]),
-        retrive_index=torch.arange(4)[None],
-        retrive_next_token=torch.tensor([[1, 2, 3, -1]]),
-        retrive_next_sibling=torch.full((1, 4), -1),
-        target_predict=torch.tensor([[3, 4, 9, 9]]),
-    )
-    assert (predicts.tolist(), accept.tolist(), num.tolist()) == ([3, 4, 9, -1], [[0, 1, 2, -1]], [2])
+@PATHS
+def test_verify_tree_greedy_keyword_call_and_chain(path):
+    with cache_path(path):
+        # SGLang's CPU branch passes keywords spelled retrive_*; drafts 3, 4 match, draft 5 does not
+        predicts = torch.full((4,), -1, dtype=torch.int32)
+        accept = torch.full((1, 4), -1, dtype=torch.int32)
+        num = torch.empty(1, dtype=torch.int32)
+        ops().verify_tree_greedy_cpu(
+            predicts=predicts,
+            accept_index=accept,
+            accept_token_num=num,
+            candidates=torch.tensor([[10, 3, 4, 5]]),
+            retrive_index=torch.arange(4)[None],
+            retrive_next_token=torch.tensor([[1, 2, 3, -1]]),
+            retrive_next_sibling=torch.full((1, 4), -1),
+            target_predict=torch.tensor([[3, 4, 9, 9]]),
+        )
+        assert (predicts.tolist(), accept.tolist(), num.tolist()) == ([3, 4, 9, -1], [[0, 1, 2, -1]], [2])
 
 
 # ------------------------------------------------------------------------------------------ NGRAM
@@ -401,24 +426,6 @@ def test_reconstruct_indices_from_tree_mask(trees, seed):
 
 
 # ------------------------------------------------------------------------------------------ cache locations
-
-#: the cache-location ops run through their one-call loops (``kernels/csrc/spec_cache.cpp``) or their torch path
-PATHS = pytest.mark.parametrize("path", ["native", "torch"])
-
-
-@contextmanager
-def cache_path(path: str):
-    """The cache-location ops of :mod:`cache_ops` through ``path``: ``native`` (skipped where the library cannot be
-    built) or ``torch``."""
-    if path == "native" and spec_cache_ops() is None:
-        pytest.skip("the spec_cache library is not built here")
-    saved = cache_ops._native
-    if path == "torch":
-        cache_ops._native = lambda: None
-    try:
-        yield
-    finally:
-        cache_ops._native = saved
 
 
 @st.composite
@@ -519,7 +526,7 @@ def test_build_draft_decode_metadata(path, pool, topk, num_steps):
                 want = row[:s] + row[s + k * num_steps : s + (k + 1) * num_steps]
                 assert out[b * topk + k, : s + num_steps].tolist() == want
         if path == "native":  # past the draft columns too, the loop writes what the torch path does
-            cache_ops._native = lambda: None
+            _common.native = lambda: None
             torch_out = ops().build_draft_decode_metadata_cpu(
                 req_to_token, torch.tensor(rpi), seq_lens, topk, num_steps, pool_len
             )

@@ -1,6 +1,7 @@
-// The speculative step's cache-location ops on CPU, each one loop over the batch: the KV slot bookkeeping SGLang's
-// EAGLE v2 path runs every decode step (sage_plugin/runtimes/sglang/cpu_ops/cache_ops.py documents every op's
-// semantics; its torch path, a handful of index ops per call, is the oracle these loops follow element by element).
+// The speculative step's per-step index ops on CPU, each one loop over the batch: the KV slot bookkeeping and the
+// greedy tree verify SGLang's EAGLE v2 path runs every decode step (sage_plugin/runtimes/sglang/cpu_ops/cache_ops.py
+// and tree_ops.py document every op's semantics; their torch paths, a handful to a few dozen index operators per
+// call, are the oracles these loops follow element by element).
 //
 // Why a loop: a step's host work runs right after a forward that streamed the model's weights through the caches, so
 // every torch operator of a few-element index op starts cold (a torch path of 6-10 operators costs 300-550 us there
@@ -187,6 +188,47 @@ at::Tensor build_draft_decode_metadata(const at::Tensor& req_to_token, const at:
   return out;
 }
 
+// Greedy tree verification (cpu_ops/tree_ops.py, verify_tree_greedy_cpu): from each request's root, for up to S - 1
+// levels, accept the first child in sibling order whose candidate equals the target's token after the last accepted
+// node; accept_index[b, :tau + 1] gets the path's global ids, accept_token_num[b] = tau, predicts[g] = target[g] on
+// the path.  A sibling list is followed for at most N entries (the torch path's bound).
+void verify_tree_greedy(const at::Tensor& predicts, const at::Tensor& accept_index, const at::Tensor& accept_token_num,
+                        const at::Tensor& candidates, const at::Tensor& retrive_index,
+                        const at::Tensor& retrive_next_token, const at::Tensor& retrive_next_sibling,
+                        const at::Tensor& target_predict) {
+  TORCH_CHECK(candidates.dim() == 2 && accept_index.dim() == 2, "spec_cache: candidates and accept_index are 2-D");
+  const int64_t bs = candidates.size(0), n = candidates.size(1), steps = accept_index.size(1);
+  Ints cand(candidates, "candidates"), ri(retrive_index, "retrive_index"), target(target_predict, "target_predict");
+  Ints nt(retrive_next_token, "retrive_next_token"), ns(retrive_next_sibling, "retrive_next_sibling");
+  TORCH_CHECK(ri.n >= bs * n && nt.n >= bs * n && ns.n >= bs * n, "spec_cache: retrieve lists of ", bs * n,
+              " entries expected");
+  OutInts pred(predicts, "predicts"), index(accept_index, "accept_index"), num(accept_token_num, "accept_token_num");
+  for (int64_t b = 0; b < bs; ++b) {
+    const int64_t base = b * n;
+    int64_t node = 0, taken = 0;
+    for (int64_t j = 0; j < steps; ++j) {
+      if (j > 0) {  // the matching child of `node`, if any
+        const int64_t want = target.at(ri[base + node], "target_predict");
+        int64_t child = nt[base + node];
+        for (int64_t hops = 0; child >= 0 && hops < n; ++hops) {
+          TORCH_CHECK(child < n, "spec_cache: retrieve link ", child, " past the ", n, " nodes");
+          if (cand[base + child] == want) break;
+          child = ns[base + child];
+        }
+        if (child < 0 || cand[base + std::min(child, n - 1)] != want) break;
+        node = child;
+      }
+      const int64_t g = ri[base + node];
+      if (g >= 0) {
+        index.set(b * steps + j, g);
+        pred.set(g, target.at(g, "target_predict"));
+        ++taken;
+      }
+    }
+    num.set(b, taken - 1);
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(sage_plugin, m) {
@@ -199,6 +241,9 @@ TORCH_LIBRARY_FRAGMENT(sage_plugin, m) {
   m.def("fill_bonus_tokens(Tensor accept_tokens, Tensor accept_lens, Tensor(a!) bonus_tokens, int accept_stride) -> ()");
   m.def("fill_accept_out_cache_loc(Tensor accept_index, Tensor out_cache_loc, Tensor(a!) accept_out_cache_loc, "
         "int? size=None) -> ()");
+  m.def("verify_tree_greedy(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
+        "Tensor candidates, Tensor retrive_index, Tensor retrive_next_token, Tensor retrive_next_sibling, "
+        "Tensor target_predict) -> ()");
   m.def("build_draft_decode_metadata(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, int topk, "
         "int num_steps, int pool_len) -> Tensor");
 }
@@ -210,4 +255,5 @@ TORCH_LIBRARY_IMPL(sage_plugin, CPU, m) {
   m.impl("fill_bonus_tokens", &fill_bonus_tokens);
   m.impl("fill_accept_out_cache_loc", &fill_accept_out_cache_loc);
   m.impl("build_draft_decode_metadata", &build_draft_decode_metadata);
+  m.impl("verify_tree_greedy", &verify_tree_greedy);
 }

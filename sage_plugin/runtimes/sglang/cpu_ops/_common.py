@@ -1,8 +1,19 @@
-"""Small index helpers shared by :mod:`.cache_ops` and :mod:`.tree_ops` (torch only)."""
+"""Small index helpers shared by :mod:`.cache_ops` and :mod:`.tree_ops`, and their native loops' loader."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+from ....kernels.spec_cache import spec_cache_ops
+
+
+def native() -> Any:
+    """The one-call loops of the per-step ops (``kernels/csrc/spec_cache.cpp``, same semantics as the torch paths of
+    :mod:`.cache_ops` and :mod:`.tree_ops`), or None where the library is not built: each op then runs its torch path,
+    the loops' oracle."""
+    return spec_cache_ops()
 
 
 def _long(t: torch.Tensor) -> torch.Tensor:

@@ -38,11 +38,10 @@ Conventions are the package's (:mod:`sage_plugin.runtimes.sglang.cpu_ops`).  Sem
 from __future__ import annotations
 
 import ctypes
-from typing import Any
 
 import torch
 
-from ....kernels.spec_cache import spec_cache_ops
+from . import _common
 from ._common import _flat_out, _long, _segments
 
 __all__ = [
@@ -55,12 +54,6 @@ __all__ = [
     "fill_bonus_tokens_cpu",
     "rotate_input_ids_cpu",
 ]
-
-
-def _native() -> Any:
-    """The one-call loops of these ops (``kernels/csrc/spec_cache.cpp``, same semantics), or None where the library
-    is not built: each op below then runs its torch path, the loops' oracle."""
-    return spec_cache_ops()
 
 
 # --------------------------------------------------------------------------------------------- KV cache
@@ -117,7 +110,7 @@ def assign_req_to_token_pool_cpu(
     bs_upper: int | None = None,
 ) -> None:
     """Write each request's new KV slots into its ``req_to_token`` row (see the module docstring)."""
-    if (native := _native()) is not None:
+    if (native := _common.native()) is not None:
         native.assign_req_to_token_pool(
             req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
         )
@@ -138,7 +131,7 @@ def assign_draft_cache_locs_contiguous_cpu(
     num_steps: int,
 ) -> None:
     """Gather ``topk * num_steps`` draft slots per request, starting at ``seq_lens`` (module docstring)."""
-    if (native := _native()) is not None:
+    if (native := _common.native()) is not None:
         native.assign_draft_cache_locs_contiguous(
             req_pool_indices, req_to_token, seq_lens, out_cache_loc, pool_len, topk, num_steps
         )
@@ -162,7 +155,7 @@ def assign_extend_cache_locs_cpu(
     pool_len: int,
 ) -> None:
     """Concatenate ``req_to_token[rpi[b], start[b]:end[b]]`` over requests into ``out_cache_loc``."""
-    if (native := _native()) is not None:
+    if (native := _common.native()) is not None:
         native.assign_extend_cache_locs(
             req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
         )
@@ -182,7 +175,7 @@ def build_draft_decode_metadata_cpu(
     pool_len: int,
 ) -> torch.Tensor:
     """Per-branch ``req_to_token`` rows ``[bs*topk, pool_len]`` for the multi-step draft decode."""
-    if (native := _native()) is not None:
+    if (native := _common.native()) is not None:
         return native.build_draft_decode_metadata(req_to_token, req_pool_indices, seq_lens, topk, num_steps, pool_len)
     bs = req_pool_indices.numel()
     flat = req_to_token.reshape(-1)
@@ -206,7 +199,7 @@ def fill_bonus_tokens_cpu(
     accept_tokens: torch.Tensor, accept_lens: torch.Tensor, bonus_tokens: torch.Tensor, accept_stride: int
 ) -> None:
     """``bonus_tokens[b] = accept_tokens.flat[accept_stride*b + accept_lens[b] - 1]``."""
-    if (native := _native()) is not None:
+    if (native := _common.native()) is not None:
         native.fill_bonus_tokens(accept_tokens, accept_lens, bonus_tokens, accept_stride)
         return
     bs = accept_lens.numel()
@@ -221,7 +214,7 @@ def fill_accept_out_cache_loc_cpu(
     size: int | None = None,
 ) -> None:
     """Stable compaction of the accepted nodes' KV slots to the front of ``accept_out_cache_loc``."""
-    if (native := _native()) is not None:
+    if (native := _common.native()) is not None:
         native.fill_accept_out_cache_loc(accept_index, out_cache_loc, accept_out_cache_loc, size)
         return
     flat = _long(accept_index)

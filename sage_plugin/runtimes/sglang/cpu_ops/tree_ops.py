@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import torch
 
+from . import _common
 from ._common import _flat_out, _long, _write_accepted_paths
 
 __all__ = [
@@ -224,8 +225,15 @@ def verify_tree_greedy_cpu(
     """Greedy tree verification: the longest root path whose drafts equal the target's argmax.
 
     Entries off the accepted path are left as the caller filled them (SGLang: -1).  Vectorised: one step
-    per sibling-list position finds every node's matching child, then one step per level walks them.
+    per sibling-list position finds every node's matching child, then one step per level walks them.  Where the
+    ``spec_cache`` library is built, its loop over the requests computes the same (:func:`._common.native`).
     """
+    if (native := _common.native()) is not None:
+        native.verify_tree_greedy(
+            predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+            retrive_next_sibling, target_predict,
+        )  # fmt: skip
+        return
     bs, n = candidates.shape
     steps = accept_index.shape[1]
     cand = candidates.to(torch.long)
