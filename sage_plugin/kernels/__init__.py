@@ -15,7 +15,7 @@ of when it runs, and the torch path taken where it does not (or where it cannot 
 * :mod:`.beam_level`: ``beam_level`` / ``level_pays``, one level of SAGE's beam pool (the algorithm core calls them by
   name and keeps its operator path otherwise);
 * :mod:`.spec_cache`: the speculative step's per-step index ops (``assign_req_to_token_pool`` ...,
-  ``verify_tree_greedy``), one loop over the batch each (SGLang's CPU ops in ``runtimes/sglang/cpu_ops`` call them,
+  the EAGLE tree build, ``verify_tree_greedy``), one loop over the batch each (SGLang's CPU ops in ``runtimes/sglang/cpu_ops`` call them,
   their torch paths otherwise).
 
 :mod:`.native` is the one loader and builder (``sage setup`` builds every library ahead); ``csrc/`` holds the sources

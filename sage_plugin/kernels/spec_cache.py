@@ -1,6 +1,6 @@
 """The speculative step's per-step index ops as single CPU calls: ``csrc/spec_cache.cpp``.
 
-Seven ops in ``torch.ops.sage_plugin``, each the loop over the batch of the ``sgl_kernel`` CPU op of the same name
+Eight ops in ``torch.ops.sage_plugin``, each the loop over the batch of the ``sgl_kernel`` CPU op of the same name
 (``_cpu`` dropped) that SGLang's speculative path calls every decode step:
 
 * ``assign_req_to_token_pool(req_pool_indices, req_to_token!, start, end, out_cache_loc, pool_len)``;
@@ -11,7 +11,9 @@ Seven ops in ``torch.ops.sage_plugin``, each the loop over the batch of the ``sg
 * ``fill_accept_out_cache_loc(accept_index, out_cache_loc, accept_out_cache_loc!, size=None)``;
 * ``build_draft_decode_metadata(req_to_token, req_pool_indices, seq_lens, topk, num_steps, pool_len) -> Tensor``;
 * ``verify_tree_greedy(predicts!, accept_index!, accept_token_num!, candidates, retrive_index, retrive_next_token,
-  retrive_next_sibling, target_predict)``.
+  retrive_next_sibling, target_predict)``;
+* ``build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, tree_mask!, positions!,
+  retrive_index!, retrive_next_token!, retrive_next_sibling!, topk, depth, draft_token_num, tree_mask_mode)``.
 
 Semantics and shapes: :mod:`sage_plugin.runtimes.sglang.cpu_ops.cache_ops` and ``.tree_ops``, whose torch paths are
 the ops' oracles and run wherever the library is not built.  Why one call: a step's host work follows a forward that streamed the weights
@@ -42,6 +44,7 @@ _MUTATING = (
     "fill_bonus_tokens",
     "fill_accept_out_cache_loc",
     "verify_tree_greedy",
+    "build_tree_kernel_efficient",
 )
 
 

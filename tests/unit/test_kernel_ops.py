@@ -93,7 +93,7 @@ def _level_pays():
 
 SPEC_CACHE_OPS = ("assign_req_to_token_pool", "assign_extend_cache_locs", "assign_draft_cache_locs_contiguous",
                   "fill_bonus_tokens", "fill_accept_out_cache_loc", "build_draft_decode_metadata",
-                  "verify_tree_greedy")  # fmt: skip
+                  "verify_tree_greedy", "build_tree_kernel_efficient")  # fmt: skip
 
 
 def _spec_cache(name):
@@ -126,6 +126,18 @@ def _spec_cache(name):
             torch.tensor([[1, 2, -1]]),
             torch.tensor([[-1, -1, -1]]),
             torch.tensor([4, 7, 6]),
+        ),  # fmt: skip
+        "build_tree_kernel_efficient": (  # topk 2, 3 levels, 5 nodes (tree_ops' worked example), QLEN_ONLY mask
+            torch.tensor([[-1, 0, 1, 2, 3]]),
+            torch.tensor([[0, 1, 2, 6]]),
+            torch.tensor([7]),
+            torch.ones(25, dtype=torch.bool),
+            torch.zeros(5, dtype=torch.int64),
+            *torch.full((3, 1, 5), -1, dtype=torch.int64),
+            2,
+            3,
+            5,
+            1,
         ),  # fmt: skip
     }[name]
     return spec_cache_ops(), name, args

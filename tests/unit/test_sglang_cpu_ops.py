@@ -176,38 +176,46 @@ def eagle_configs(draw, max_batch=3):
     return draw(st.integers(0, 2**31)), bs, topk, steps, n, seq_lens
 
 
+@PATHS
 @SETTINGS
 @given(eagle_configs(), st.sampled_from([QLEN_ONLY, FULL_MASK, QLEN_ONLY_BITPACKING]), st.booleans())
-def test_build_tree_matches_reference(cfg, mode, int32_seq):
-    seed, bs, topk, steps, n, seq_lens = cfg
-    if mode == QLEN_ONLY_BITPACKING and n > 32:
-        return
-    parent_list, selected = eagle_tree(seed, bs, topk, steps, n)
-    got = run_build_tree(
-        parent_list, selected, seq_lens, topk, steps, n, mode, torch.int32 if int32_seq else torch.int64
-    )
-    assert got == ref_build_tree(parent_list, selected, seq_lens, topk, n, mode)
+def test_build_tree_matches_reference(path, cfg, mode, int32_seq):
+    with cache_path(path):
+        seed, bs, topk, steps, n, seq_lens = cfg
+        if mode == QLEN_ONLY_BITPACKING and n > 32:
+            return
+        parent_list, selected = eagle_tree(seed, bs, topk, steps, n)
+        got = run_build_tree(
+            parent_list, selected, seq_lens, topk, steps, n, mode, torch.int32 if int32_seq else torch.int64
+        )
+        assert got == ref_build_tree(parent_list, selected, seq_lens, topk, n, mode)
 
 
-def test_build_tree_topk1_chain_and_hand_case():
-    # topk = 1 chain (EAGLEWorkerV2's constant inputs): a causal mask and consecutive positions.
-    steps, n = 3, 4
-    plist, sel = torch.arange(-1, steps - 1).repeat(2, 1), torch.arange(steps).repeat(2, 1)
-    mask, pos, idx, nxt, sib = run_build_tree(plist, sel, [7, 12], 1, steps, n, QLEN_ONLY)
-    assert mask == torch.tril(torch.ones(n, n, dtype=torch.bool)).flatten().repeat(2).tolist()
-    assert pos == [7, 8, 9, 10, 12, 13, 14, 15] and idx == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert nxt == [[1, 2, 3, -1]] * 2 and sib == [[-1] * 4] * 2
-    # topk = 2: nodes 1, 2 are the root's children, node 3 is node 1's child
-    mask, pos, idx, nxt, sib = run_build_tree(torch.tensor([[-1, 0, 1]]), torch.tensor([[0, 1, 2]]), [5], 2, 2, 4, 1)
-    assert (nxt, sib, pos) == ([[1, 3, -1, -1]], [[-1, 2, -1, -1]], [5, 6, 6, 7])
-    assert torch.tensor(mask).view(4, 4).int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
+@PATHS
+def test_build_tree_topk1_chain_and_hand_case(path):
+    with cache_path(path):
+        # topk = 1 chain (EAGLEWorkerV2's constant inputs): a causal mask and consecutive positions.
+        steps, n = 3, 4
+        plist, sel = torch.arange(-1, steps - 1).repeat(2, 1), torch.arange(steps).repeat(2, 1)
+        mask, pos, idx, nxt, sib = run_build_tree(plist, sel, [7, 12], 1, steps, n, QLEN_ONLY)
+        assert mask == torch.tril(torch.ones(n, n, dtype=torch.bool)).flatten().repeat(2).tolist()
+        assert pos == [7, 8, 9, 10, 12, 13, 14, 15] and idx == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        assert nxt == [[1, 2, 3, -1]] * 2 and sib == [[-1] * 4] * 2
+        # topk = 2: nodes 1, 2 are the root's children, node 3 is node 1's child
+        mask, pos, idx, nxt, sib = run_build_tree(
+            torch.tensor([[-1, 0, 1]]), torch.tensor([[0, 1, 2]]), [5], 2, 2, 4, 1
+        )
+        assert (nxt, sib, pos) == ([[1, 3, -1, -1]], [[-1, 2, -1, -1]], [5, 6, 6, 7])
+        assert torch.tensor(mask).view(4, 4).int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
 
 
-def test_build_tree_missing_parent_is_left_unlinked():
-    # node 2's parent id (5) was not selected: it stays unlinked, its mask row holds root + itself
-    mask, pos, _, nxt, sib = run_build_tree(torch.tensor([[-1, 0, 5]]), torch.tensor([[0, 4]]), [3], 2, 3, 3, 1)
-    assert nxt == [[1, -1, -1]] and sib == [[-1, -1, -1]] and pos == [3, 4, 4]
-    assert mask == [True, False, False, True, True, False, True, False, True]
+@PATHS
+def test_build_tree_missing_parent_is_left_unlinked(path):
+    with cache_path(path):
+        # node 2's parent id (5) was not selected: it stays unlinked, its mask row holds root + itself
+        mask, pos, _, nxt, sib = run_build_tree(torch.tensor([[-1, 0, 5]]), torch.tensor([[0, 4]]), [3], 2, 3, 3, 1)
+        assert nxt == [[1, -1, -1]] and sib == [[-1, -1, -1]] and pos == [3, 4, 4]
+        assert mask == [True, False, False, True, True, False, True, False, True]
 
 
 # ------------------------------------------------------------------------------------------ sage round trip
@@ -266,22 +274,24 @@ def sage_to_sglang(parents: list[int], depths: list[int]) -> tuple[torch.Tensor,
     return torch.tensor([parent_list]), torch.tensor([flat[1:]], dtype=torch.long).view(1, n - 1), topk, depth
 
 
+@PATHS
 @settings(max_examples=40, deadline=None)
 @given(sage_trees(), st.integers(0, 50))
-def test_sage_tree_round_trip(tree, seq_len):
-    """A sage tree, fed to SGLang's tree builder in EAGLE's format, comes back as the same tree."""
-    parents, depths = tree
-    n = len(parents)
-    plist, sel, topk, depth = sage_to_sglang(parents, depths)
-    mask, pos, idx, nxt, sib = run_build_tree(plist, sel, [seq_len], topk, depth, n, QLEN_ONLY)
-    par = torch.tensor([parents])
-    s_idx, s_nxt, s_sib = to_retrieve_arrays(par, torch.tensor([n]))
-    assert (idx, nxt, sib) == (s_idx.tolist(), s_nxt.tolist(), s_sib.tolist())
-    assert mask == ancestor_mask(par, max(depth, 1)).flatten().tolist()
-    assert pos == tree_positions(torch.tensor([depths]), torch.tensor([seq_len]))[0].tolist()
-    # the selection is sorted exactly when the level order is canonical (by parent, then rank)
-    canonical = all((parents[i], i) > (parents[i - 1], i - 1) or depths[i] > depths[i - 1] for i in range(2, n))
-    assert (sorted(sel[0].tolist()) == sel[0].tolist()) == canonical
+def test_sage_tree_round_trip(path, tree, seq_len):
+    with cache_path(path):
+        """A sage tree, fed to SGLang's tree builder in EAGLE's format, comes back as the same tree."""
+        parents, depths = tree
+        n = len(parents)
+        plist, sel, topk, depth = sage_to_sglang(parents, depths)
+        mask, pos, idx, nxt, sib = run_build_tree(plist, sel, [seq_len], topk, depth, n, QLEN_ONLY)
+        par = torch.tensor([parents])
+        s_idx, s_nxt, s_sib = to_retrieve_arrays(par, torch.tensor([n]))
+        assert (idx, nxt, sib) == (s_idx.tolist(), s_nxt.tolist(), s_sib.tolist())
+        assert mask == ancestor_mask(par, max(depth, 1)).flatten().tolist()
+        assert pos == tree_positions(torch.tensor([depths]), torch.tensor([seq_len]))[0].tolist()
+        # the selection is sorted exactly when the level order is canonical (by parent, then rank)
+        canonical = all((parents[i], i) > (parents[i - 1], i - 1) or depths[i] > depths[i - 1] for i in range(2, n))
+        assert (sorted(sel[0].tolist()) == sel[0].tolist()) == canonical
 
 
 @PATHS

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -229,6 +230,97 @@ void verify_tree_greedy(const at::Tensor& predicts, const at::Tensor& accept_ind
   }
 }
 
+// EAGLE draft tree -> verify mask, positions and first-child / next-sibling lists (cpu_ops/tree_ops.py,
+// build_tree_kernel_efficient_cpu, whose docstring gives the mask modes): per request, node i >= 1 is candidate
+// selected_index[b, i - 1], a child of the root if that id / topk == 0, else of the first node whose id equals
+// parent_list[b, id / topk] (-2, unlinked, where none does).  Ancestor walks take at most N hops (the torch path's
+// bound).
+void build_tree_kernel_efficient(const at::Tensor& parent_list, const at::Tensor& selected_index,
+                                 const at::Tensor& verified_seq_len, const at::Tensor& tree_mask,
+                                 const at::Tensor& positions, const at::Tensor& retrive_index,
+                                 const at::Tensor& retrive_next_token, const at::Tensor& retrive_next_sibling,
+                                 int64_t topk, int64_t depth, int64_t draft_token_num, int64_t tree_mask_mode) {
+  (void)depth;  // the walk is not cut at `depth` hops (the C++ CPU kernel's behaviour)
+  const int64_t n = draft_token_num;
+  Ints seq(verified_seq_len, "verified_seq_len"), sel(selected_index, "selected_index"), plist(parent_list, "parent_list");
+  const int64_t bs = seq.n;
+  TORCH_CHECK(n >= 1 && topk >= 1, "spec_cache: draft_token_num and topk must be positive");
+  const int64_t sel_cols = bs > 0 ? sel.n / bs : 0, plist_cols = bs > 0 ? plist.n / bs : 0;
+  TORCH_CHECK(n == 1 || sel_cols >= n - 1, "spec_cache: selected_index holds ", sel_cols, " ids a request, ",
+              n - 1, " needed");
+  OutInts pos(positions, "positions"), ri(retrive_index, "retrive_index"), nt(retrive_next_token, "retrive_next_token");
+  OutInts ns(retrive_next_sibling, "retrive_next_sibling");
+  TORCH_CHECK(tree_mask.device().is_cpu() && tree_mask.is_contiguous(), "spec_cache: tree_mask must be contiguous");
+  const int64_t item = tree_mask.element_size();
+  if (tree_mask_mode == 2) {
+    TORCH_CHECK(item * 8 >= n, "QLEN_ONLY_BITPACKING: ", item, "-byte items cannot hold ", n, " columns");
+  } else {
+    TORCH_CHECK(tree_mask_mode == 0 || tree_mask_mode == 1, "unknown tree_mask_mode ", tree_mask_mode);
+    TORCH_CHECK(tree_mask.scalar_type() == at::kBool, "spec_cache: tree_mask must be bool in mode ", tree_mask_mode);
+  }
+  uint8_t* mask = static_cast<uint8_t*>(tree_mask.data_ptr());  // bool is one byte
+  const int64_t mask_bytes = tree_mask.numel() * item;
+  std::vector<int64_t> parent(n);
+  std::vector<uint8_t> rows(n * n);
+  int64_t prefix = 0;  // sum of the earlier requests' seq_len (FULL_MASK's layout)
+  for (int64_t b = 0; b < bs; ++b) {
+    const int64_t s = seq[b];
+    parent[0] = -1;
+    for (int64_t i = 1; i < n; ++i) {
+      const int64_t id = sel[b * sel_cols + i - 1];
+      const int64_t group = id >= 0 ? id / topk : -((-id + topk - 1) / topk);  // floor division
+      int64_t p = -2;
+      if (group == 0) {
+        p = 0;
+      } else if (group >= 1 && group < plist_cols) {
+        const int64_t want = plist[b * plist_cols + group];
+        for (int64_t j = 0; j < n - 1; ++j) {
+          if (sel[b * sel_cols + j] == want) {
+            p = j + 1;
+            break;
+          }
+        }
+      }
+      parent[i] = p;
+    }
+    std::fill(rows.begin(), rows.end(), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      uint8_t* row = rows.data() + i * n;
+      row[0] = row[i] = 1;
+      int64_t hop = parent[i];
+      for (int64_t hops = 0; hop > 0 && hops < n; ++hops) {
+        row[hop] = 1;
+        hop = parent[hop];
+      }
+      int64_t depth_of = 0;
+      for (int64_t j = 1; j < n; ++j) depth_of += row[j];
+      ri.set(b * n + i, b * n + i);
+      pos.set(b * n + i, s + depth_of);
+      int64_t first = -1, next = -1;
+      for (int64_t c = 0; c < n && first < 0; ++c) {
+        if (parent[c] == i) first = c;
+      }
+      for (int64_t j = i + 1; j < n && next < 0 && parent[i] >= 0; ++j) {
+        if (parent[j] == parent[i]) next = j;
+      }
+      if (first >= 0) nt.set(b * n + i, first);
+      if (next >= 0) ns.set(b * n + i, next);
+      if (tree_mask_mode == 2) {  // little-endian row bit sets, bit j = column j
+        uint64_t bits = 0;
+        for (int64_t j = 0; j < n; ++j) bits |= static_cast<uint64_t>(row[j]) << j;
+        const int64_t at = (b * n + i) * item;
+        TORCH_CHECK(at + item <= mask_bytes, "spec_cache: tree_mask holds ", mask_bytes, " bytes, too few");
+        for (int64_t k = 0; k < item; ++k) mask[at + k] = static_cast<uint8_t>((bits >> (8 * k)) & 0xFF);
+      } else {
+        const int64_t at = tree_mask_mode == 1 ? (b * n + i) * n : b * n * n + prefix * n + i * (s + n) + s;
+        TORCH_CHECK(at >= 0 && at + n <= mask_bytes, "spec_cache: tree_mask holds ", mask_bytes, " cells, too few");
+        std::memcpy(mask + at, row, n);
+      }
+    }
+    prefix += s;
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(sage_plugin, m) {
@@ -244,6 +336,9 @@ TORCH_LIBRARY_FRAGMENT(sage_plugin, m) {
   m.def("verify_tree_greedy(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
         "Tensor candidates, Tensor retrive_index, Tensor retrive_next_token, Tensor retrive_next_sibling, "
         "Tensor target_predict) -> ()");
+  m.def("build_tree_kernel_efficient(Tensor parent_list, Tensor selected_index, Tensor verified_seq_len, "
+        "Tensor(a!) tree_mask, Tensor(b!) positions, Tensor(c!) retrive_index, Tensor(d!) retrive_next_token, "
+        "Tensor(e!) retrive_next_sibling, int topk, int depth, int draft_token_num, int tree_mask_mode) -> ()");
   m.def("build_draft_decode_metadata(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, int topk, "
         "int num_steps, int pool_len) -> Tensor");
 }
@@ -256,4 +351,5 @@ TORCH_LIBRARY_IMPL(sage_plugin, CPU, m) {
   m.impl("fill_accept_out_cache_loc", &fill_accept_out_cache_loc);
   m.impl("build_draft_decode_metadata", &build_draft_decode_metadata);
   m.impl("verify_tree_greedy", &verify_tree_greedy);
+  m.impl("build_tree_kernel_efficient", &build_tree_kernel_efficient);
 }

@@ -169,8 +169,15 @@ def build_tree_kernel_efficient_cpu(
     ancestor) leaves the node unlinked and stops its ancestor walk, as in the Triton reference.  The walk is
     not cut at ``depth`` hops (the C++ CPU kernel's behaviour; the Triton kernel cuts it, which changes
     nothing on EAGLE trees, whose nodes are at most ``depth`` deep).  Vectorised over the batch: ``[bs, N,
-    N]`` pairwise comparisons plus one step per tree level.
+    N]`` pairwise comparisons plus one step per tree level.  Where the ``spec_cache`` library is built, its loop over
+    the requests computes the same (:func:`._common.native`).
     """
+    if (native := _common.native()) is not None:
+        native.build_tree_kernel_efficient(
+            parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index, retrive_next_token,
+            retrive_next_sibling, topk, depth, draft_token_num, tree_mask_mode,
+        )  # fmt: skip
+        return
     n = draft_token_num
     bs = verified_seq_len.numel()
     seq = _long(verified_seq_len)
