@@ -19,7 +19,14 @@ from sage_plugin.core.tree import DraftTree, ancestor_mask
 from sage_plugin.core.verify import walk_tree
 from sage_plugin.kernels.spec_cache import spec_cache_ops
 from sage_plugin.runtimes.sglang import cpu_ops
-from sage_plugin.runtimes.sglang.cpu_ops import CPU_OP_NAMES, FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING, _common
+from sage_plugin.runtimes.sglang.cpu_ops import (
+    CPU_OP_NAMES,
+    FULL_MASK,
+    QLEN_ONLY,
+    QLEN_ONLY_BITPACKING,
+    cache_ops,
+    tree_ops,
+)
 from tests.oracles.tree_formats import to_retrieve_arrays, tree_positions
 
 NS = "sage_test_sgl"
@@ -45,13 +52,13 @@ def cache_path(path: str):
     built) or ``torch``."""
     if path == "native" and spec_cache_ops() is None:
         pytest.skip("the spec_cache library is not built here")
-    saved = _common.native
+    saved = cache_ops.native, tree_ops.native
     if path == "torch":
-        _common.native = lambda: None
+        cache_ops.native = tree_ops.native = lambda: None
     try:
         yield
     finally:
-        _common.native = saved
+        cache_ops.native, tree_ops.native = saved
 
 
 # ------------------------------------------------------------------------------------------ tree inputs
@@ -536,7 +543,7 @@ def test_build_draft_decode_metadata(path, pool, topk, num_steps):
                 want = row[:s] + row[s + k * num_steps : s + (k + 1) * num_steps]
                 assert out[b * topk + k, : s + num_steps].tolist() == want
         if path == "native":  # past the draft columns too, the loop writes what the torch path does
-            _common.native = lambda: None
+            cache_ops.native = lambda: None
             torch_out = ops().build_draft_decode_metadata_cpu(
                 req_to_token, torch.tensor(rpi), seq_lens, topk, num_steps, pool_len
             )

@@ -76,36 +76,37 @@ struct OutInts {
   }
 };
 
+// Calls f(flat table index, running offset) for every column c in [start[b], end[b]) of row rpi[b] of a table whose
+// rows are pool_len wide, request after request: the ragged ranges both req_to_token ops walk.
+template <typename F>
+void each_range_slot(const at::Tensor& req_pool_indices, const at::Tensor& start_offset,
+                     const at::Tensor& end_offset, int64_t pool_len, F&& f) {
+  Ints rpi(req_pool_indices, "req_pool_indices"), start(start_offset, "start_offset"), end(end_offset, "end_offset");
+  int64_t off = 0;
+  for (int64_t b = 0; b < rpi.n; ++b) {
+    const int64_t row = rpi[b] * pool_len;
+    for (int64_t c = start.at(b, "start_offset"); c < end.at(b, "end_offset"); ++c) f(row + c, off++);
+  }
+}
+
 // req_to_token[rpi[b], start[b]:end[b]] = out_cache_loc[off_b : off_b + len_b], off_b the running sum of the lengths.
 void assign_req_to_token_pool(const at::Tensor& req_pool_indices, const at::Tensor& req_to_token,
                               const at::Tensor& start_offset, const at::Tensor& end_offset,
                               const at::Tensor& out_cache_loc, int64_t pool_len) {
-  Ints rpi(req_pool_indices, "req_pool_indices"), start(start_offset, "start_offset"), end(end_offset, "end_offset");
   Ints loc(out_cache_loc, "out_cache_loc");
   OutInts table(req_to_token, "req_to_token");
-  int64_t off = 0;
-  for (int64_t b = 0; b < rpi.n; ++b) {
-    const int64_t row = rpi[b] * pool_len;
-    for (int64_t c = start.at(b, "start_offset"); c < end.at(b, "end_offset"); ++c) {
-      table.set(row + c, loc.at(off++, "out_cache_loc"));
-    }
-  }
+  each_range_slot(req_pool_indices, start_offset, end_offset, pool_len,
+                  [&](int64_t slot, int64_t off) { table.set(slot, loc.at(off, "out_cache_loc")); });
 }
 
 // out_cache_loc starts with the concatenation over b of req_to_token[rpi[b], start[b]:end[b]].
 void assign_extend_cache_locs(const at::Tensor& req_pool_indices, const at::Tensor& req_to_token,
                               const at::Tensor& start_offset, const at::Tensor& end_offset,
                               const at::Tensor& out_cache_loc, int64_t pool_len) {
-  Ints rpi(req_pool_indices, "req_pool_indices"), start(start_offset, "start_offset"), end(end_offset, "end_offset");
   Ints table(req_to_token, "req_to_token");
   OutInts out(out_cache_loc, "out_cache_loc");
-  int64_t off = 0;
-  for (int64_t b = 0; b < rpi.n; ++b) {
-    const int64_t row = rpi[b] * pool_len;
-    for (int64_t c = start.at(b, "start_offset"); c < end.at(b, "end_offset"); ++c) {
-      out.set(off++, table.at(row + c, "req_to_token"));
-    }
-  }
+  each_range_slot(req_pool_indices, start_offset, end_offset, pool_len,
+                  [&](int64_t slot, int64_t off) { out.set(off, table.at(slot, "req_to_token")); });
 }
 
 // out_cache_loc[b * width + j] = req_to_token[rpi[b], seq_lens[b] + j], width = topk * num_steps.

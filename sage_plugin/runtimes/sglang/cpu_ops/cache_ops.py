@@ -41,8 +41,7 @@ import ctypes
 
 import torch
 
-from . import _common
-from ._common import _flat_out, _long, _segments
+from ._common import _flat_out, _long, _segments, native
 
 __all__ = [
     "assign_draft_cache_locs_contiguous_cpu",
@@ -110,8 +109,8 @@ def assign_req_to_token_pool_cpu(
     bs_upper: int | None = None,
 ) -> None:
     """Write each request's new KV slots into its ``req_to_token`` row (see the module docstring)."""
-    if (native := _common.native()) is not None:
-        native.assign_req_to_token_pool(
+    if (loops := native()) is not None:
+        loops.assign_req_to_token_pool(
             req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
         )
         return
@@ -131,8 +130,8 @@ def assign_draft_cache_locs_contiguous_cpu(
     num_steps: int,
 ) -> None:
     """Gather ``topk * num_steps`` draft slots per request, starting at ``seq_lens`` (module docstring)."""
-    if (native := _common.native()) is not None:
-        native.assign_draft_cache_locs_contiguous(
+    if (loops := native()) is not None:
+        loops.assign_draft_cache_locs_contiguous(
             req_pool_indices, req_to_token, seq_lens, out_cache_loc, pool_len, topk, num_steps
         )
         return
@@ -155,8 +154,8 @@ def assign_extend_cache_locs_cpu(
     pool_len: int,
 ) -> None:
     """Concatenate ``req_to_token[rpi[b], start[b]:end[b]]`` over requests into ``out_cache_loc``."""
-    if (native := _common.native()) is not None:
-        native.assign_extend_cache_locs(
+    if (loops := native()) is not None:
+        loops.assign_extend_cache_locs(
             req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
         )
         return
@@ -175,8 +174,8 @@ def build_draft_decode_metadata_cpu(
     pool_len: int,
 ) -> torch.Tensor:
     """Per-branch ``req_to_token`` rows ``[bs*topk, pool_len]`` for the multi-step draft decode."""
-    if (native := _common.native()) is not None:
-        return native.build_draft_decode_metadata(req_to_token, req_pool_indices, seq_lens, topk, num_steps, pool_len)
+    if (loops := native()) is not None:
+        return loops.build_draft_decode_metadata(req_to_token, req_pool_indices, seq_lens, topk, num_steps, pool_len)
     bs = req_pool_indices.numel()
     flat = req_to_token.reshape(-1)
     col = torch.arange(pool_len)  # [P]
@@ -199,8 +198,8 @@ def fill_bonus_tokens_cpu(
     accept_tokens: torch.Tensor, accept_lens: torch.Tensor, bonus_tokens: torch.Tensor, accept_stride: int
 ) -> None:
     """``bonus_tokens[b] = accept_tokens.flat[accept_stride*b + accept_lens[b] - 1]``."""
-    if (native := _common.native()) is not None:
-        native.fill_bonus_tokens(accept_tokens, accept_lens, bonus_tokens, accept_stride)
+    if (loops := native()) is not None:
+        loops.fill_bonus_tokens(accept_tokens, accept_lens, bonus_tokens, accept_stride)
         return
     bs = accept_lens.numel()
     src = torch.arange(bs) * accept_stride + _long(accept_lens) - 1
@@ -214,8 +213,8 @@ def fill_accept_out_cache_loc_cpu(
     size: int | None = None,
 ) -> None:
     """Stable compaction of the accepted nodes' KV slots to the front of ``accept_out_cache_loc``."""
-    if (native := _common.native()) is not None:
-        native.fill_accept_out_cache_loc(accept_index, out_cache_loc, accept_out_cache_loc, size)
+    if (loops := native()) is not None:
+        loops.fill_accept_out_cache_loc(accept_index, out_cache_loc, accept_out_cache_loc, size)
         return
     flat = _long(accept_index)
     if size is not None:

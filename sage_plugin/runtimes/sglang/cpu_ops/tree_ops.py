@@ -60,8 +60,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _common
-from ._common import _flat_out, _long, _write_accepted_paths
+from ._common import _flat_out, _long, _write_accepted_paths, native
 
 __all__ = [
     "FULL_MASK",
@@ -172,8 +171,8 @@ def build_tree_kernel_efficient_cpu(
     N]`` pairwise comparisons plus one step per tree level.  Where the ``spec_cache`` library is built, its loop over
     the requests computes the same (:func:`._common.native`).
     """
-    if (native := _common.native()) is not None:
-        native.build_tree_kernel_efficient(
+    if (loops := native()) is not None:
+        loops.build_tree_kernel_efficient(
             parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index, retrive_next_token,
             retrive_next_sibling, topk, depth, draft_token_num, tree_mask_mode,
         )  # fmt: skip
@@ -235,8 +234,8 @@ def verify_tree_greedy_cpu(
     per sibling-list position finds every node's matching child, then one step per level walks them.  Where the
     ``spec_cache`` library is built, its loop over the requests computes the same (:func:`._common.native`).
     """
-    if (native := _common.native()) is not None:
-        native.verify_tree_greedy(
+    if (loops := native()) is not None:
+        loops.verify_tree_greedy(
             predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
             retrive_next_sibling, target_predict,
         )  # fmt: skip
