@@ -14,9 +14,9 @@ of when it runs, and the torch path taken where it does not (or where it cannot 
   decoder in one call (each runtime's own layers otherwise);
 * :mod:`.beam_level`: ``beam_level`` / ``level_pays``, one level of SAGE's beam pool (the algorithm core calls them by
   name and keeps its operator path otherwise);
-* :mod:`.spec_cache`: the speculative step's per-step index ops (``assign_req_to_token_pool`` ...,
-  the EAGLE tree build, ``verify_tree_greedy``), one loop over the batch each (SGLang's CPU ops in ``runtimes/sglang/cpu_ops`` call them,
-  their torch paths otherwise).
+* :mod:`.spec_cache`: the speculative step's per-step index ops (``assign_req_to_token_pool`` ..., the EAGLE tree
+  build, ``verify_tree_greedy``), one loop over the batch each (SGLang's CPU ops in ``runtimes/sglang/cpu_ops`` call
+  them, their torch paths otherwise).
 
 :mod:`.native` is the one loader and builder (``sage setup`` builds every library ahead); ``csrc/`` holds the sources
 (``simd.h`` the vector type and fixed-order lane sums, ``rows_kernel.h`` the rows kernel shared by ``rows_linear.cpp``

@@ -211,14 +211,16 @@ void verify_tree_greedy(const at::Tensor& predicts, const at::Tensor& accept_ind
     for (int64_t j = 0; j < steps; ++j) {
       if (j > 0) {  // the matching child of `node`, if any
         const int64_t want = target.at(ri[base + node], "target_predict");
-        int64_t child = nt[base + node];
-        for (int64_t hops = 0; child >= 0 && hops < n; ++hops) {
+        int64_t match = -1;
+        for (int64_t child = nt[base + node], hops = 0; child >= 0 && hops < n; child = ns[base + child], ++hops) {
           TORCH_CHECK(child < n, "spec_cache: retrieve link ", child, " past the ", n, " nodes");
-          if (cand[base + child] == want) break;
-          child = ns[base + child];
+          if (cand[base + child] == want) {
+            match = child;
+            break;
+          }
         }
-        if (child < 0 || cand[base + std::min(child, n - 1)] != want) break;
-        node = child;
+        if (match < 0) break;
+        node = match;
       }
       const int64_t g = ri[base + node];
       if (g >= 0) {
@@ -243,7 +245,8 @@ void build_tree_kernel_efficient(const at::Tensor& parent_list, const at::Tensor
                                  int64_t topk, int64_t depth, int64_t draft_token_num, int64_t tree_mask_mode) {
   (void)depth;  // the walk is not cut at `depth` hops (the C++ CPU kernel's behaviour)
   const int64_t n = draft_token_num;
-  Ints seq(verified_seq_len, "verified_seq_len"), sel(selected_index, "selected_index"), plist(parent_list, "parent_list");
+  Ints seq(verified_seq_len, "verified_seq_len"), sel(selected_index, "selected_index");
+  Ints plist(parent_list, "parent_list");
   const int64_t bs = seq.n;
   TORCH_CHECK(n >= 1 && topk >= 1, "spec_cache: draft_token_num and topk must be positive");
   const int64_t sel_cols = bs > 0 ? sel.n / bs : 0, plist_cols = bs > 0 ? plist.n / bs : 0;
@@ -331,7 +334,8 @@ TORCH_LIBRARY_FRAGMENT(sage_plugin, m) {
         "Tensor end_offset, Tensor(a!) out_cache_loc, int pool_len) -> ()");
   m.def("assign_draft_cache_locs_contiguous(Tensor req_pool_indices, Tensor req_to_token, Tensor seq_lens, "
         "Tensor(a!) out_cache_loc, int pool_len, int topk, int num_steps) -> ()");
-  m.def("fill_bonus_tokens(Tensor accept_tokens, Tensor accept_lens, Tensor(a!) bonus_tokens, int accept_stride) -> ()");
+  m.def("fill_bonus_tokens(Tensor accept_tokens, Tensor accept_lens, Tensor(a!) bonus_tokens, "
+        "int accept_stride) -> ()");
   m.def("fill_accept_out_cache_loc(Tensor accept_index, Tensor out_cache_loc, Tensor(a!) accept_out_cache_loc, "
         "int? size=None) -> ()");
   m.def("verify_tree_greedy(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
