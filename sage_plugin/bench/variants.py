@@ -2,7 +2,8 @@
 
 ``--methods plain,sage,ragged=sage:ragged_verify=true`` launches the SAGE server twice, the second time with
 ``--sage-ragged-verify true``, so an A/B of one SAGE option runs in one command with every server launched alike.
-An option spelled as an SGLang flag (``--min-free-slots-delay=4``) is passed to the server as it is, on any method:
+An option spelled as an SGLang flag (``--min-free-slots-delay=4``, or a bare switch such as
+``--disable-overlap-schedule``) is passed to the server as it is, on any method:
 ``--methods plain,sage,pd=plain:--min-free-slots-delay=4,sd=sage:--min-free-slots-delay=4`` A/Bs a scheduler flag
 on both sides.
 """
@@ -37,10 +38,11 @@ def _split_top(text: str) -> list[str]:
 
 
 def method_entries(text: str) -> list[str]:
-    """``--methods`` split at commas, a bare ``field=value`` continuing the variant before it."""
+    """``--methods`` split at commas, a bare ``field=value`` or ``--flag`` continuing the variant before it."""
     entries: list[str] = []
     for item in (i.strip() for i in _split_top(text)):
-        if entries and "=" in item and ":" not in item and "=" in entries[-1].split(":", 1)[0]:
+        continues = item.startswith("-") or ("=" in item and ":" not in item)  # a method name never starts with -
+        if entries and continues and "=" in entries[-1].split(":", 1)[0]:
             entries[-1] += "," + item
         elif item:
             entries.append(item)
@@ -75,13 +77,14 @@ def serving_variants(text: str, methods: tuple[str, ...]) -> dict[str, tuple[str
         values, server_flags = {}, []
         for item in filter(None, _split_top(options)):
             key, sep, value = (part.strip() for part in item.partition("="))
-            if not sep:
-                raise ConfigError(f"--methods {entry!r}: option {item!r} must be field=value or --sglang-flag=value")
+            if not sep and not key.startswith("-"):
+                raise ConfigError(f"--methods {entry!r}: option {item!r} must be field=value, --sglang-flag=value "
+                                  "or a bare --sglang-switch")  # fmt: skip
             if key.startswith("-"):
                 if not _SGLANG_FLAG.fullmatch(key) or key.startswith("--sage-"):
                     raise ConfigError(f"--methods {entry!r}: {key!r} is not an SGLang flag (SAGE options are "
                                       "written as SageConfig fields: ragged_verify=true)")  # fmt: skip
-                server_flags += [key, value]
+                server_flags += [key, value] if sep else [key]
             else:
                 values[key] = yaml.safe_load(value)
         if values and base not in _SAGE_BASES:

@@ -420,15 +420,24 @@ def test_variants_are_sage_servers_with_extra_sage_flags():
 
 
 def test_variants_pass_sglang_flags_on_any_method():
-    """An option spelled ``--flag=value`` is an SGLang server flag, for every method (plain included), after the
-    SAGE flags; a ``--sage-`` flag or a malformed one is refused (SAGE options are SageConfig fields)."""
+    """An option spelled ``--flag=value`` (or a bare ``--switch``) is an SGLang server flag, for every method (plain
+    included), after the SAGE flags; a ``--sage-`` flag or a malformed one is refused (SAGE options are SageConfig
+    fields)."""
     text = "sage,pd=plain:--min-free-slots-delay=4,sd=sage:ragged_verify=true,--min-free-slots-delay=4"
     assert parse_serving_methods(text) == ["plain", "sage", "pd", "sd"]
     assert serving_variants(text, SERVING_METHODS) == {
         "pd": ("plain", ["--min-free-slots-delay", "4"]),
         "sd": ("sage", ["--sage-ragged-verify", "true", "--min-free-slots-delay", "4"]),
     }
-    for bad in ("x=sage:--sage-ragged-verify=true", "x=plain:--Bad_Flag=1", "x=plain:-v=1"):
+    switches = "sage,no=plain:--disable-overlap-schedule,ov=sage:cpu_overlap=true,--disable-radix-cache"
+    assert parse_serving_methods(switches) == ["plain", "sage", "no", "ov"]
+    assert serving_variants(switches, SERVING_METHODS) == {
+        "no": ("plain", ["--disable-overlap-schedule"]),
+        "ov": ("sage", ["--sage-cpu-overlap", "true", "--disable-radix-cache"]),
+    }
+    with pytest.raises(ConfigError, match="must be field=value"):
+        serving_variants("x=sage:ragged_verify", SERVING_METHODS)
+    for bad in ("x=sage:--sage-ragged-verify=true", "x=plain:--Bad_Flag=1", "x=plain:-v=1", "x=plain:--Bad"):
         with pytest.raises(ConfigError, match="not an SGLang flag"):
             serving_variants(bad, SERVING_METHODS)
 
