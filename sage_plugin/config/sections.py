@@ -247,6 +247,10 @@ class ServingConfig(_Section):
     tier_control: str = "calibrated"
     # a request whose own drafts keep failing stops speculating while its batch goes on (serving/request_gate.py)
     tier_request_gate: bool = False
+    # each request's drafts priced at its own acceptance: the drafts the tier control expected of it and those it
+    # accepted, shrunk toward the population's rate by this many expected drafts (serving/request_acceptance.py;
+    # 0: every request priced at the population's rate)
+    tier_request_prior: float = 2.0
     # steps the off tier may leave a standalone draft behind on CPU instead of running its draft extend; the draft
     # catches up in one forward before the next drafted step, and the tier control prices each catch-up (0: every off
     # step runs the extend; the shipped CPU config sets 128; docs/design/sglang-internals.md, "The speculation-off
@@ -270,6 +274,7 @@ class ServingConfig(_Section):
         _choice("tier_acceptance", self.tier_acceptance, ACCEPTANCE_MODELS)
         _choice("tier_control", self.tier_control, tuple(TIER_CONTROLS))
         _bool("tier_request_gate", self.tier_request_gate)
+        _float_in("tier_request_prior", self.tier_request_prior, 0.0, 1000.0)
         _int_in("tier_off_lag", self.tier_off_lag, 0, 1024)
         _bool("tier_off_decode", self.tier_off_decode)
         _bool("ragged_verify", self.ragged_verify)

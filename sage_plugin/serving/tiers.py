@@ -44,8 +44,9 @@ keeps acceptance per batch-size class and alpha bin, shrunk toward the broader e
 confidence as the prior only; ``change_z`` > 0 replaces the long memory by a short one when acceptance changes;
 ``doubt`` > 0 makes the off tier the default under doubt (a drafted tier is chosen only if it wins with its expected
 tokens ``doubt`` standard errors low); ``admission`` adds what each regime pays in admissions per token
-(:mod:`.admission`); :meth:`TierChooser.choose` takes how many of the batch's requests speculate (a per-request
-gate, :mod:`.request_gate`), and :meth:`TierChooser.request_break_even` is that gate's threshold.
+(:mod:`.admission`); :meth:`TierChooser.choose` takes how many of the batch's requests speculate (a per-request gate,
+:mod:`.request_gate`, whose threshold is :meth:`TierChooser.request_break_even`), each weighted by its own acceptance
+(:mod:`.request_acceptance`).
 
 A lagging draft (SGLang's ``tier_off_lag``: off steps skip the draft's extend, and the next drafted step first
 catches the draft up in one forward, :meth:`record_catch_up` its price): :meth:`choose` takes whether the draft is
@@ -55,23 +56,22 @@ a switch with it starts a run that amortises the catch-up, a switch against it (
 drafting pays, a probe) returns within a step or two and pays it whole.  Staying (off while behind, drafted while
 current) pays nothing.  ``behind`` None (no lag) prices no catch-up.
 
-The choice maximises ``expected tokens / cost``.  A tier never measured at a batch size is tried first there (the
+The choice maximises ``expected tokens / cost``. A tier never measured at a batch size is tried first there (the
 runtime's start-up measurement, amortised over the first steps at each batch size), cheapest first, and only while it
 could still win there: its cost is bounded below from the nearest smaller measured batch size (grown as the smallest
 tier's cost grew since) and the nearest larger one (its cost per request there), less ``bound_slack``, and a tier whose
-rate under that bound cannot beat the best rate measured at this size is not run for its price (a batch that ramps up or
-drains through many sizes would otherwise measure a deep tier that cannot pay at every one). A tier not chosen is
-re-measured (*probed*) once it has not run for its probe gap, so the estimates follow the traffic. The gap starts at
-``probe_every`` steps; a probe the tier loses (another tier still rates higher at that batch size once its feedback is
-in) doubles it, up to ``probe_backoff * probe_every``, and a tier that wins (probe or plain choice) is back to
-``probe_every``.  A deep tier that cannot pay at a large batch costs several off steps per probe; the back-off bounds
-that while a change of traffic is still found within ``probe_backoff * probe_every`` steps.  With ``probe_confidence``
-``z`` > 0 a probe is lost only if the tier loses even at its :meth:`optimistic_rate` (its fastest step there, its tokens
-``z`` standard errors high), so a few unlucky early steps, which price a tier high and its tokens low, cannot hold it
-out for a whole run.  Feedback may lag: the runtime calls :meth:`TierChooser.choose` when a step starts and
-:meth:`observe` when its accept counts reach the host, possibly after later steps started (overlap scheduling);
-observations are matched to steps in launch order.  Batch sizes that run as one captured shape share their costs
-(:mod:`.tier_costs`).
+rate under that bound cannot beat the best rate measured at this size is not run for its price (else a batch draining
+through many sizes measures a deep tier that cannot pay at each). A tier not chosen is re-measured (*probed*) once it
+has not run for its probe gap, so the estimates follow the traffic. The gap starts at ``probe_every`` steps; a probe the
+tier loses (another tier still rates higher at that batch size once its feedback is in) doubles it, up to
+``probe_backoff * probe_every``, and a tier that wins (probe or plain choice) is back to ``probe_every``: the back-off
+bounds what a deep tier that cannot pay at a large batch costs in probes, and a change of traffic is still found within
+``probe_backoff * probe_every`` steps. With ``probe_confidence`` ``z`` > 0 a probe is lost only if the tier loses even
+at its :meth:`optimistic_rate` (its fastest step there, its tokens ``z`` standard errors high), so a few unlucky early
+steps cannot hold a tier out for a whole run. Feedback may lag: the runtime calls :meth:`TierChooser.choose` when a step
+starts and :meth:`observe` when its accept counts reach the host, possibly after later steps started (overlap
+scheduling); observations are matched to steps in launch order. Batch sizes that run as one captured shape share their
+costs (:mod:`.tier_costs`).
 
 Worked example (two tiers, batch 1)::
 
@@ -117,9 +117,8 @@ class TierChooser(BreakEven, TierCosts):
         alpha_bins: alpha bins of the acceptance averages (0: one average per tier, alpha ignored).
         smoothing: weight of a new sample in the moving averages (acceptance, overhead), in (0, 1].
         cost_window: step timings kept per tier and batch size (the cost is their low median).
-        bound_slack: a tier is measured at a new batch size only if its rate there, with its step cost bounded below
-            (:meth:`cost_bound`, less this fraction), could beat the best rate measured there (1: every tier is
-            measured at every batch size).
+        bound_slack: a tier is measured at a new batch size only if its rate at its :meth:`cost_bound` less this
+            fraction could beat the best rate measured there (1: every tier is measured at every batch size).
         acceptance: ``"per_tier"`` (each tier's moving averages), ``"pooled"`` (one per-level model for all tiers)
             or ``"width"`` (one per verify width); module docstring.
         memory: with a level model, the steps (of its group) over which its counts decay by a factor ``e``.
@@ -212,14 +211,15 @@ class TierChooser(BreakEven, TierCosts):
         tier: Tier,
         batch_size: int,
         alpha: float | None = None,
-        speculating: int | None = None,
+        speculating: float | None = None,
         z: float = 0.0,
         behind: bool | None = None,
         regime: Tier | None = None,
     ) -> float | None:
         """Expected tokens per second of the whole batch (None while either estimate is missing), ``speculating`` of
-        its requests drafting (None: all; the others one token each), the tokens ``z`` standard errors off, the step
-        charged :meth:`switch_cost` for a draft ``behind`` or not (None: no lag), against ``regime`` if given."""
+        its requests drafting (None: all; the others one token each; a float: the drafting requests weighted by their
+        own acceptance, :mod:`.request_acceptance`), the tokens ``z`` standard errors off, the step charged
+        :meth:`switch_cost` for a draft ``behind`` or not (None: no lag), against ``regime`` if given."""
         tokens = self.expected_tokens(tier, alpha, z, batch_size)
         cost = self.cost(tier, batch_size)
         if cost is not None and behind is not None:
@@ -230,7 +230,7 @@ class TierChooser(BreakEven, TierCosts):
         self,
         tier: Tier,
         batch_size: int,
-        speculating: int | None = None,
+        speculating: float | None = None,
         behind: bool = False,
         regime: Tier | None = None,
     ) -> float:
@@ -244,7 +244,7 @@ class TierChooser(BreakEven, TierCosts):
         regime = regime or self.regime(batch_size, speculating)
         return price if regime is not None and regime.off != tier.off else 0.0
 
-    def regime(self, batch_size: int, speculating: int | None = None) -> Tier | None:
+    def regime(self, batch_size: int, speculating: float | None = None) -> Tier | None:
         """The long-run tier at ``batch_size``: the best at overall acceptance (no alpha), no catch-up charged."""
         return self.best(batch_size, None, speculating)
 
@@ -256,15 +256,16 @@ class TierChooser(BreakEven, TierCosts):
         return self._per_second(batch_size, tokens, min(samples) if samples else None, tier)
 
     def _per_second(
-        self, batch_size: int, tokens: float | None, cost: float | None, tier: Tier, speculating: int | None = None
+        self, batch_size: int, tokens: float | None, cost: float | None, tier: Tier, speculating: float | None = None
     ) -> float | None:
-        """The batch's tokens (``speculating`` requests at ``tokens`` each, the rest at 1; None: all at ``tokens``) over
-        ``cost`` plus the per-step overhead plus the regime's admission time for those tokens (None: unknown, <= 0)."""
+        """The batch's tokens (``B + (tokens - 1) speculating``, at most ``1 + steps`` a request; None: all at
+        ``tokens``) over ``cost`` plus the per-step overhead plus the regime's admission time for those tokens (None:
+        unknown, <= 0)."""
         step = None if cost is None else cost + (self.overhead_seconds() or 0.0)
         if tokens is None or step is None or step <= 0.0:
             return None
-        n = batch_size if speculating is None or tier.off else min(speculating, batch_size)
-        total = n * tokens + (batch_size - n)
+        n = batch_size if speculating is None or tier.off else speculating
+        total = min(batch_size + n * (tokens - 1.0), batch_size * (1.0 + tier.steps))
         admission = 0.0 if self.admission is None else self.admission.per_token(not tier.off, batch_size)
         return total / (step + total * admission)
 
@@ -272,7 +273,7 @@ class TierChooser(BreakEven, TierCosts):
         self,
         batch_size: int,
         alpha: float | None = None,
-        speculating: int | None = None,
+        speculating: float | None = None,
         drafted: bool = False,
         behind: bool | None = None,
     ) -> Tier | None:
@@ -293,12 +294,11 @@ class TierChooser(BreakEven, TierCosts):
 
     # -- the per-step protocol ----------------------------------------------------------------------------
     def choose(
-        self, batch_size: int, alpha: float | None = None, speculating: int | None = None, behind: bool | None = None
+        self, batch_size: int, alpha: float | None = None, speculating: float | None = None, behind: bool | None = None
     ) -> Tier:
         """The tier of the step about to start, for a batch of mean alpha ``alpha`` (None: unknown) of which
-        ``speculating`` requests would draft (None: all; 0: the off tier, unmeasured tiers and probes wait), the draft
-        ``behind`` or not (None: no lag; module docstring, "A lagging draft"); recorded as pending until
-        :meth:`observe`."""
+        ``speculating`` would draft (:meth:`rate`; 0: the off tier, unmeasured tiers and probes wait), the draft
+        ``behind`` or not (None: no lag; module docstring, "A lagging draft"), pending until :meth:`observe`."""
         self._steps += 1
         self._judge_probe()
         off = self.tiers[0] if self.tiers[0].off else None

@@ -20,7 +20,9 @@ controller also decides, before each decode step, which of the batch's requests 
 ``[B]`` in batch order, from the request keys the worker sets as :attr:`SageTierController.keys`): the chooser prices
 the tiers with that many drafting requests, the worker gives the other requests' roots no children
 (:meth:`SageTierController.speculate_mask`), and only the drafting requests' accept counts feed the acceptance
-estimates.  Prefill passes are timed for the admission price (:meth:`SageTierController.record_prefill`).
+estimates.  Each request's own acceptance against the chooser's expectation (``--sage-tier-request-prior``,
+:class:`~sage_plugin.serving.request_acceptance.RequestAcceptance`) weights the drafting requests in the chooser's
+price.  Prefill passes are timed for the admission price (:meth:`SageTierController.record_prefill`).
 
 :class:`sage_plugin.serving.clock.StepClock` times each decode step for the chooser's cost table without a device sync and
 :class:`sage_plugin.serving.clock.HostScalar` reads a device scalar (the batch's mean alpha) the same way (:mod:`sage_plugin.serving.clock`).
@@ -38,11 +40,13 @@ from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, Sp
 
 from sage_plugin.config import ServingConfig
 from sage_plugin.serving.admission import AdmissionPrice
+from sage_plugin.serving.request_acceptance import RequestAcceptance
 from sage_plugin.serving.request_gate import RequestGate
 from sage_plugin.serving.tiers import TIER_CONTROLS, Tier, TierChooser, parse_tiers
 
 __all__ = [
-    "RankZeroTimes", "SageTierController", "TierSwitchLogFilter", "request_gate", "request_keys", "tier_chooser",
+    "RankZeroTimes", "SageTierController", "TierSwitchLogFilter", "request_acceptance", "request_gate", "request_keys",
+    "tier_chooser",
 ]  # fmt: skip
 
 
@@ -63,6 +67,11 @@ def request_gate(cfg: ServingConfig) -> RequestGate | None:
     return RequestGate() if cfg.tier_request_gate else None
 
 
+def request_acceptance(cfg: ServingConfig) -> RequestAcceptance | None:
+    """Each request's acceptance factor of a SAGE server (None: every request priced at the population's rate)."""
+    return RequestAcceptance(cfg.tier_request_prior) if cfg.tier_request_prior > 0 else None
+
+
 def request_keys(batch: Any) -> list[int] | None:
     """Each request's key in batch order: its request slot (SGLang 0.5.23's ``req.kv.req_pool_idx``, a host int, the
     same on every rank); None when the batch holds no host-side requests or a request holds no slot."""
@@ -73,7 +82,8 @@ def request_keys(batch: Any) -> list[int] | None:
 
 @dataclass
 class _Step:
-    """A decode step awaiting its feedback: its tier, request keys and mask, and the gate's terms at its start."""
+    """A decode step awaiting its feedback: its tier, request keys and mask, the gate's terms at its start and the
+    accepted drafts the chooser expected of a request (None: off, or no per-request factors)."""
 
     tier: Tier
     keys: list[int] | None = None
@@ -81,6 +91,7 @@ class _Step:
     break_even: float = 0.0
     prior: float = 0.0
     depth: int = 0
+    expected: float | None = None
 
 
 class _ChooserPolicy:
@@ -115,10 +126,16 @@ class SageTierController(AdaptiveController):
         chooser: the host-side tier choice.
         shared: with tensor parallelism, rank 0's timings for every rank.
         gate: the per-request gate (None: every request of a drafted step speculates).
+        acceptance: each request's acceptance factor (None: requests priced at the population's rate).
     """
 
     def __init__(
-        self, worker: Any, chooser: TierChooser, shared: RankZeroTimes | None = None, gate: RequestGate | None = None
+        self,
+        worker: Any,
+        chooser: TierChooser,
+        shared: RankZeroTimes | None = None,
+        gate: RequestGate | None = None,
+        acceptance: RequestAcceptance | None = None,
     ) -> None:
         super().__init__(worker, _ChooserPolicy(chooser))
         self.chooser = chooser
@@ -132,6 +149,7 @@ class SageTierController(AdaptiveController):
         #: whether the draft is behind for the next choice (``tier_off_lag``; None: the draft never lags)
         self.behind: bool | None = None
         self.gate = gate
+        self.acceptance = acceptance
         #: the next decode step's request keys in batch order (set by the worker; None: unknown, no gating)
         self.keys: list[int] | None = None
         #: ``[B]`` whether each request of the step about to run speculates (None: all of them, or the off tier)
@@ -158,10 +176,15 @@ class SageTierController(AdaptiveController):
     def activate_step_by_batch(self, batch_size: int) -> None:
         step = self._gate_plan(batch_size)
         speculating = None if step.mask is None else sum(step.mask)
+        if self.acceptance is not None and step.keys is not None:  # the drafting requests, each at its own rate
+            speculating = self.acceptance.weight(step.keys, step.mask)
         tier = self.chooser.choose(batch_size, self.alpha, speculating, self.behind)
         step.tier = tier
         if tier.off:
             step.mask = None if step.keys is None else [False] * len(step.keys)
+        elif self.acceptance is not None and step.keys is not None:
+            tokens = self.chooser.expected_tokens(tier, self.alpha, batch_size=batch_size)
+            step.expected = None if tokens is None else tokens - 1.0
         self.mask = None if tier.off or step.mask is None or all(step.mask) else step.mask
         self._steps.append(step)
         if tier != self.active:
@@ -169,14 +192,13 @@ class SageTierController(AdaptiveController):
             self.switches += 1
 
     def _gate_plan(self, batch_size: int) -> _Step:
-        """The gate's mask for the batch under the drafted tier the chooser rates highest there (no mask without a
-        gate, keys or such a tier)."""
+        """The step's request keys (None unless one per request) and the gate's mask for the batch under the drafted
+        tier the chooser rates highest there (no mask without a gate, keys or such a tier)."""
         keys, chooser = self.keys, self.chooser
-        step = _Step(chooser.tiers[0], keys)
-        best = chooser.best(batch_size, self.alpha, drafted=True) if self.gate and keys else None
+        step = _Step(chooser.tiers[0], keys if keys is not None and len(keys) == batch_size else None)
+        best = chooser.best(batch_size, self.alpha, drafted=True) if self.gate and step.keys else None
         tokens = None if best is None else chooser.expected_tokens(best, self.alpha, batch_size=batch_size)
-        if tokens is None or len(keys) != batch_size:
-            step.keys = None
+        if tokens is None:
             return step
         step.break_even = chooser.request_break_even(best, batch_size, self.alpha)
         step.prior, step.depth = tokens - 1.0, best.steps
@@ -189,8 +211,11 @@ class SageTierController(AdaptiveController):
         if step is None or step.keys is None or len(step.keys) != len(accepted):
             self.chooser.observe(accepted)
             return
-        drafted = None if step.tier.off else step.mask
-        self.gate.observe(step.keys, accepted, drafted, step.break_even, step.prior, step.depth)
+        drafted = None if step.tier.off else step.mask  # None: an off step, or every request drafted
+        if self.gate is not None and step.mask is not None:
+            self.gate.observe(step.keys, accepted, drafted, step.break_even, step.prior, step.depth)
+        if self.acceptance is not None and step.expected is not None:
+            self.acceptance.observe(step.keys, accepted, step.expected, drafted)
         if drafted is None:
             self.chooser.observe(accepted)
         else:
@@ -223,8 +248,10 @@ class SageTierController(AdaptiveController):
                 self.record_catch_up(bs, catch_up)
                 seconds -= catch_up
             self.record_cost(tier, bs, seconds)
-        if self.gate is not None and admitted:
-            self.gate.reset(admitted)
+        if admitted:
+            for per_request in (self.gate, self.acceptance):
+                if per_request is not None:
+                    per_request.reset(admitted)
 
     def record_prefill(self, seconds: float) -> None:
         """A prefill pass's measured time, for the admission price (tensor parallelism: as :meth:`record_cost`)."""

@@ -47,7 +47,15 @@ from .penalties import ACTIVE_VERIFY, prefilled, verify_context
 from .ragged_verify import ragged_runs, verify_target
 from .request_meta import SageRoundDevice
 from .selection import BeamSelection
-from .tiers import RankZeroTimes, SageTierController, TierSwitchLogFilter, request_gate, request_keys, tier_chooser
+from .tiers import (
+    RankZeroTimes,
+    SageTierController,
+    TierSwitchLogFilter,
+    request_acceptance,
+    request_gate,
+    request_keys,
+    tier_chooser,
+)
 
 __all__ = [
     "BeamSelection",
@@ -94,7 +102,9 @@ class SageWorkerMixin:
                     src, group = tp.ranks[0], tp.cpu_group
                     shared = RankZeroTimes(chooser, tp.rank_in_group,
                                            lambda t: torch.distributed.broadcast(t, src=src, group=group))  # fmt: skip
-                self.sage_tiers = SageTierController(self, chooser, shared, request_gate(cfg.serving))
+                self.sage_tiers = SageTierController(
+                    self, chooser, shared, request_gate(cfg.serving), request_acceptance(cfg.serving)
+                )
                 self._sage_alpha = HostScalar(self.device, fixed_lag=HostScalar.RING - 1 if shared else None)
                 self._sage_tp = tp_sync_group(cfg.runtime)
                 self.adaptive_controller = self.sage_tiers

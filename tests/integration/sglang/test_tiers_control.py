@@ -12,6 +12,8 @@ stops accepts none (its root is verified alone).  Step costs are the 2-core CPU'
   within a bounded number of steps, drafts little while it stays collapsed, and is back to speculation within the
   probe back-off once acceptance recovers; the measured control (``tier_control: measured``) takes far longer;
 * with the per-request gate, two requests whose drafts collapse stop speculating while the other six go on;
+* one request at a time, each priced at its own acceptance: requests whose drafts fail go off after a few steps while
+  requests whose drafts pass keep drafting;
 * two tensor-parallel ranks timing their steps and prefill passes differently choose the same tiers and masks.
 """
 
@@ -27,6 +29,7 @@ from sage_plugin.config import SageConfig  # noqa: E402
 from sage_plugin.runtimes.sglang.tiers import (  # noqa: E402
     RankZeroTimes,
     SageTierController,
+    request_acceptance,
     request_gate,
     tier_chooser,
 )
@@ -36,7 +39,7 @@ from .test_tiers_capture import RecordingWorker  # noqa: E402
 
 TIERS = ((0, 1), (1, 2), (3, 4))
 #: seconds a step, by batch size and the tier's draft steps
-COSTS = {4: {0: 0.100, 1: 0.112, 3: 0.170}, 16: {0: 0.145, 1: 0.202, 3: 0.368}}
+COSTS = {1: {0: 0.031, 1: 0.034, 3: 0.044}, 4: {0: 0.100, 1: 0.112, 3: 0.170}, 16: {0: 0.145, 1: 0.202, 3: 0.368}}
 GOOD, BAD = (0.75, 0.6, 0.5), (0.05, 0.3, 0.3)  # level pass rates: in-domain, and a draft confident and wrong
 
 
@@ -62,11 +65,13 @@ class RecordedDraft:
         return [0 if mask is not None and not mask[i] else min(a, tier.steps) for i, a in enumerate(self.records[step])]
 
 
-def _controller(control: str, gate: bool = False, shared_rank: int | None = None, broadcast=None):
-    cfg = SageConfig(k=4, w_max=4, tiers=TIERS, tier_control=control, tier_request_gate=gate)
+def _controller(control: str, gate: bool = False, shared_rank: int | None = None, broadcast=None, **serving):
+    """The controller a SAGE server builds from its config (``serving``: other serving fields)."""
+    cfg = SageConfig(k=4, w_max=4, tiers=TIERS, tier_control=control, tier_request_gate=gate, **serving)
     chooser = tier_chooser(cfg.serving)
     shared = None if broadcast is None else RankZeroTimes(chooser, shared_rank, broadcast, every=8)
-    ctl = SageTierController(RecordingWorker(3, 4), chooser, shared, request_gate(cfg.serving))
+    gate_, acceptance = request_gate(cfg.serving), request_acceptance(cfg.serving)
+    ctl = SageTierController(RecordingWorker(3, 4), chooser, shared, gate_, acceptance)
     ctl.init_states()
     return ctl
 
@@ -151,6 +156,55 @@ def test_the_gate_stops_only_the_requests_whose_drafts_fail():
     share = [sum(m[i] for m in masked) / len(masked) for i in range(bs)]
     assert max(share[:4]) <= 0.15  # the four collapsed requests speculate only on their probes
     assert min(share[4:]) == 1.0  # the others every drafted step
+
+
+def _serve_one_at_a_time(ctl: SageTierController, kinds: list[tuple], steps: int, seed: int = 0) -> list[list]:
+    """Requests one after another at batch 1 (a client at concurrency 1), request ``j`` with level pass rates
+    ``kinds[j % len(kinds)]`` for ``steps`` decode steps in request slot ``j % 4``, each admitted by a prefill pass;
+    returns each request's ``(tier, accepted drafts)`` per step."""
+    rng = random.Random(seed)
+    out = []
+    for j in range(len(kinds) * 12):
+        key, rates, run = j % 4, kinds[j % len(kinds)], []
+        ctl.record_times([((None, 0), 0.06)], [key])  # the prefill pass that admits it
+        for _ in range(steps):
+            ctl.keys = [key]
+            ctl.activate_step_by_batch(1)
+            tier = ctl.active
+            n = 0
+            while n < tier.steps and rng.random() < rates[n]:
+                n += 1
+            ctl.record_times([((tier, 1), COSTS[1][tier.steps] * (1 + 0.05 * rng.random()))], None)
+            ctl.end_step()
+            ctl.on_verify_complete([n], 1)
+            run.append((tier, n))
+        out.append(run)
+    return out
+
+
+def test_each_request_is_priced_at_its_own_acceptance():
+    """One request at a time, alternating requests whose drafts pass (in-domain) and requests whose drafts almost
+    never do (a draft confident and wrong), 48 steps each.  Priced at the population's rate (``tier_request_prior:
+    0``) the control follows whichever kind ran last (its change detection sees each switch of kind as a change of
+    traffic): some failing requests draft most of their steps and some passing ones are held off.  Each at its own
+    rate, every failing request is off after a few steps (probes aside) and serves within a few percent of the off
+    tier's time a token, every passing one keeps drafting, and the rate over both kinds rises."""
+    dead = (0.02, 0.3, 0.3)
+
+    def figures(ctl):
+        runs = _serve_one_at_a_time(ctl, [GOOD, dead], 48)
+        drafted = [sum(not t.off for t, _ in run[12:]) / len(run[12:]) for run in runs]
+        per_token = [sum(COSTS[1][t.steps] for t, _ in run) / sum(1 + n for _, n in run) for run in runs]
+        rate = sum(sum(1 + n for _, n in run) for run in runs) / sum(COSTS[1][t.steps] for run in runs for t, _ in run)
+        return drafted[0::2], drafted[1::2], per_token[0::2], per_token[1::2], rate
+
+    good, bad, good_t, bad_t, rate = figures(_controller("calibrated"))
+    good0, bad0, _, _, rate0 = figures(_controller("calibrated", tier_request_prior=0.0))
+    assert max(bad0[2:]) >= 0.8 and min(good0[2:]) <= 0.5  # the population's rate: the last kind's regime
+    assert max(bad[2:]) <= 0.15  # their own: off but for the probes
+    assert max(bad_t[2:]) <= 1.06 * COSTS[1][0]
+    assert min(good[2:]) >= 0.9 and max(good_t[2:]) < 0.8 * COSTS[1][0]  # the passing requests keep drafting
+    assert rate > rate0
 
 
 def test_tensor_parallel_ranks_choose_the_same_tiers_and_masks():
