@@ -58,6 +58,7 @@ def test_argv_runs_the_load_generator_greedy_offline_with_natural_lengths(tmp_pa
     assert flags["--output-file"] == "o.jsonl" and "--output-details" in argv
     assert flags["--request-rate"] == "inf" and flags["--max-concurrency"] == "4"
     assert flags["--warmup-requests"] == "4"  # one a client: the server has run the batch size before it is timed
+    assert "--flush-cache" in argv  # after the warm-up: no prompt is served from an earlier load point's cache
     poisson = loadgen_argv(spec, "http://h:1", LoadPoint(None, 0.5), Path("o.jsonl"))
     assert dict(zip(poisson, poisson[1:]))["--request-rate"] == "0.5" and "--max-concurrency" not in poisson
     ids = loadgen_argv(LoadSpec("random-ids", Path("/t"), output_len=64, input_len=128), "u", LoadPoint(1), Path("o"))
