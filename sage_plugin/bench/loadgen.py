@@ -167,9 +167,16 @@ def server_counters(info: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+#: counters of SGLang's metrics reporter, which ``/flush_cache`` zeroes: the load generator flushes after its
+#: warm-up (``--flush-cache``), so a run's own counts are their values after it
+FLUSHED_COUNTERS = ("accept_tokens", "forwards")
+
+
 def run_figures(result: dict[str, Any], before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
-    """One run's figures: the load generator's metrics and texts, and what the server counted during the run."""
-    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    """One run's figures: the load generator's metrics and texts, and what the server counted during the run (SAGE's
+    counters as ``after - before``; SGLang's accept counts, :data:`FLUSHED_COUNTERS`, as ``after``: they restart at
+    the flush that follows the warm-up, so they count the measured requests alone)."""
+    d = {k: after.get(k, 0.0) - (0.0 if k in FLUSHED_COUNTERS else before.get(k, 0.0)) for k in after}
     rounds, steps = d.get("rounds", 0.0), d.get("steps", 0.0)
     return {
         "output_tokens": result["total_output_tokens"], "duration_s": result["duration"],
