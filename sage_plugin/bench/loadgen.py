@@ -12,9 +12,10 @@ unless ``LoadSpec.extra`` sets ``--image-resolution``).
 ``--output-file X --output-details`` appends one JSON line per run with its metrics and every generated text, in
 request order: :func:`read_result` reads it, :func:`compare_texts` compares the texts with plain's.
 
-Around each run the server's ``GET /server_info`` is read twice; the differences give what the run alone did
-(:func:`run_figures`): the accept length (accepted tokens per request-step, counted by SGLang, ``spec_totals``) and,
-for SAGE, the mean alpha / D / W over its drafted rounds and the share of decode steps at the off tier.
+Around each run the server's ``GET /server_info`` is read twice and gives what the run alone did (:func:`run_figures`):
+the accept length (accepted tokens per request-step, counted by SGLang, ``spec_totals``: the read after the run, as
+the flush restarts those counts) and, for SAGE, the mean alpha / D / W over its drafted rounds and the share of decode
+steps at the off tier (the differences of the two reads).
 
 Worked example (one point)::
 
