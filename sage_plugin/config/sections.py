@@ -263,6 +263,10 @@ class ServingConfig(_Section):
     # break-even (TierChooser.row_threshold, from the measured step costs at the batch size); greedy batches on CPU
     # (docs/design/sglang-internals.md, "Ragged verify")
     ragged_verify: bool = False
+    # SGLang's --min-free-slots-delay holds new requests while fewer slots are free, unbounded; SAGE's requests finish
+    # one or two at a time, so the hold leaves slots empty for many steps: hold at most this many consecutive scheduler
+    # passes (0: SGLang's unbounded hold; serving/admission_hold.py)
+    admission_hold_steps: int = 0
 
     def __post_init__(self) -> None:
         _validate_tiers(self.tiers)
@@ -278,6 +282,7 @@ class ServingConfig(_Section):
         _int_in("tier_off_lag", self.tier_off_lag, 0, 1024)
         _bool("tier_off_decode", self.tier_off_decode)
         _bool("ragged_verify", self.ragged_verify)
+        _int_in("admission_hold_steps", self.admission_hold_steps, 0, 1_000_000)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ _NOT_READ = {
     "tier_off_decode": _NO_TIERS,
     "ragged_verify": _NO_TIERS,
     "tier_alpha_bins": _NO_TIERS,
+    "admission_hold_steps": "one process, no admission queue",
     "cpu_overlap": "one process, no scheduler to overlap",
     "tp_sync": "one process, no tensor-parallel ranks",
     "opt_out_params": "takes no per-request parameters",

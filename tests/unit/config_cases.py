@@ -33,6 +33,7 @@ OTHER_VALUES: dict[str, list] = {
     "tier_off_lag": [16, 1, 1024],
     "tier_off_decode": [False],
     "ragged_verify": [True],
+    "admission_hold_steps": [10, 1],
     "cpu_overlap": [True],
     "lookahead": [False],
     "cpu_draft_dtype": ["float32"],

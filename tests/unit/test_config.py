@@ -41,6 +41,7 @@ BAD_VALUES: dict[str, list] = {
     "tier_off_lag": [-1, 1025, 2.5, "16", None],
     "tier_off_decode": [1, "true", None],
     "ragged_verify": [1, "true", None],
+    "admission_hold_steps": [-1, 1_000_001, 2.5, "10", None],
     "cpu_overlap": [1, "yes", None],
     "lookahead": [0, "no", None],
     "cpu_draft_dtype": ["fp16", "bf16", None],

@@ -21,7 +21,8 @@ Modules (``docs/design/sglang-internals.md`` describes how they fit together):
 * :mod:`.worker`: the SAGE workers on SGLang's EAGLE v2 workers; :mod:`.selection` the plan and the node choice
   inside the captured draft step; :mod:`.tiers` the serving tiers on SGLang's adaptive runtime states;
   :mod:`.tpsync` the tree broadcast from rank 0;
-* :mod:`.request_meta`: ``meta_info["sage"]`` per request;
+* :mod:`.request_meta`: ``meta_info["sage"]`` per request; :mod:`.admission_hold` the bound on SGLang's
+  min-free-slots delayer's hold;
 * :mod:`.draft_weights`, :mod:`.lean_draft`, :mod:`.off_decode`, :mod:`.off_lag`, :mod:`.ragged_verify`: the CPU paths (the
   draft's head rows and bfloat16 weights, its lean decoder, the off tier's DECODE forward and skipped extends, the
   ragged verify);

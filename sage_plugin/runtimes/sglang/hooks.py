@@ -1,6 +1,7 @@
-"""The only place SAGE patches SGLang: eighteen ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
+"""The only place SAGE patches SGLang: nineteen ``HookRegistry`` AROUND hooks (flags, node choice, metrics, CPU sampling,
 CPU linear layers, CPU tensor parallelism, CPU overlap scheduling, the CPU ragged verify's lengths, exact request
-parameters, LLaVA-OV's sub-configs, dtypes and verify forwards: :mod:`.llava_compat`).
+parameters, LLaVA-OV's sub-configs, dtypes and verify forwards: :mod:`.llava_compat`; the admission delayer's hold:
+:mod:`.admission_hold`).
 
 SGLang 0.5.23 has no API for plugin-owned command-line flags (``docs/design/sglang-internals.md``, "Flags"),
 so the plugin wraps the two functions of its parse path.  Each hook has an entry in ``patches/INDEX.md``;
@@ -76,6 +77,7 @@ import logging
 from contextvars import ContextVar
 from typing import Any, Callable
 
+from .admission_hold import ADMISSION_HOOKS, hold_section
 from .args import STASH_ATTR, SageCliArgs, add_sage_arguments
 from .cpu_ops.sampling_ops import cpu_sampling_kernels_in_place
 from .llava_compat import LLAVA_HOOKS
@@ -170,7 +172,7 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
     draft = _sage_draft_worker(scheduler)
     if draft is None:
         return
-    section = dict(draft.sage_stats())
+    section = {**draft.sage_stats(), **hold_section(scheduler)}  # --sage-admission-hold-steps (admission_hold.py)
     section["kv_available_tokens"] = int(scheduler.token_to_kv_pool_allocator.available_size())
     section["kv_evictable_tokens"] = int(scheduler.tree_cache.evictable_size())
     worker = getattr(scheduler, "draft_worker", None)
@@ -367,6 +369,7 @@ HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = (
     (COPY_FOR_FORWARD, copy_for_forward),
     (CUMULATE_PENALTY, cumulate_penalty_output_tokens),
     *LLAVA_HOOKS,
+    *ADMISSION_HOOKS,
 )
 HOOK_TARGETS: tuple[str, ...] = tuple(target for target, _ in HOOKS)
 

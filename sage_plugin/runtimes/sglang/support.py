@@ -68,6 +68,9 @@ SGLANG_SUPPORT = RuntimeSupport(
         "tier_off_lag": Honoured(note="standalone drafts on CPU; EAGLE heads and CUDA run the off tier's draft extend"),
         "tier_off_decode": Honoured(note="CPU; CUDA verifies the root in its captured TARGET_VERIFY graph"),
         "ragged_verify": Honoured(note="greedy batches on CPU, one rank; CUDA's captured verify has fixed rows"),
+        "admission_hold_steps": Honoured(
+            note="with SGLang's --min-free-slots-delay; scheduler passes, so every rank alike"
+        ),
         "tier_alpha_bins": _ALL,
         "cpu_overlap": Honoured(note="CPU servers; on GPUs SGLang's overlap scheduler stays on unless disabled"),
         "tp_sync": _ALL,

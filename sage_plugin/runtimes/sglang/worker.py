@@ -41,6 +41,7 @@ from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
 from sage_plugin.core.entropy import root_confidence
 from sage_plugin.serving.clock import HostScalar, StepClock
 
+from .admission_hold import configure as configure_hold
 from .args import sage_config_of
 from .draft_worker import SageDraftMixin, SageDraftWorker, SageEagleDraftWorker, tp_sync_due, tp_sync_group
 from .penalties import ACTIVE_VERIFY, prefilled, verify_context
@@ -90,6 +91,7 @@ class SageWorkerMixin:
         self.sage_off_decode_steps = 0  # off steps whose verify forward ran in DECODE mode (GET /server_info)
         self._sage_ragged = ragged_runs(cfg.serving, self.device)
         self.sage_ragged_rows = [0, 0, 0]  # ragged verify: steps, rows computed, rows drafted (GET /server_info)
+        configure_hold(cfg.serving.admission_hold_steps)  # before SGLang builds its delayer (admission_hold.py)
         if self._draft_worker is not None:  # None on pipeline stages that host no draft
             self._draft_worker.__class__ = self.sage_draft_cls
             self._draft_worker.init_sage(cfg)

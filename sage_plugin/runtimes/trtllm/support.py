@@ -53,6 +53,7 @@ _TIERS = {
     "tier_off_decode": "no tiers",
     "ragged_verify": "no tiers",
     "tier_alpha_bins": "no tiers",
+    "admission_hold_steps": "TensorRT-LLM's own scheduler admits requests; it has no min-free-slots delayer",
     "cpu_overlap": "TensorRT-LLM's own disable_overlap_scheduler decides (the drafter needs it off)",
     "tp_sync": "the drafter proposes one chain for every rank",
     "opt_out_params": "the drafter proposes for every request of the step",

@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("sglang")
 
 from sage_plugin.compat import SGLANG_VERSION  # noqa: E402
+from sage_plugin.runtimes.sglang.admission_hold import SHOULD_DELAY  # noqa: E402
 from sage_plugin.runtimes.sglang.hooks import (  # noqa: E402
     ADD_CLI_ARGS,
     ADD_SPECULATIVE_STATE,
@@ -67,6 +68,7 @@ HOOK_SHAPES = {
     LLAVA_QWEN_INIT: (None, ["self", "config", "quant_config", "prefix"]),
     LLAVA_LOAD_WEIGHTS: (None, ["self", "weights"]),
     LLAVA_FORWARD: (None, ["self", "input_ids", "positions", "forward_batch"]),
+    SHOULD_DELAY: (None, ["self", "running_bs", "num_allocatable_reqs"]),
     INIT_MODEL_PARALLEL_GROUP: (
         None,
         [
