@@ -199,6 +199,8 @@ def test_tiers_cycle_and_equal_plain(servers, target_dir, launch_env, tmp_path):
     ragged = sage["ragged_verify"]
     assert ragged["steps"] > 0 and 0 < ragged["rows"] < ragged["rows_drafted"], sage
     assert sage["kv_available_tokens"] == kv0, (sage, kv0)
+    # the CPU config bounds SGLang's min-free-slots delayer's hold (admission_hold.py; releases: test_admission_hold.py)
+    assert sage["admission_hold"]["steps"] == 10 and sage["admission_hold"]["released"] >= 0, sage
     log = (tmp_path / "tiers.log").read_text()
     assert "Built adaptive runtime state steps=0" in log and "Switch adaptive runtime state" not in log
 
