@@ -4,6 +4,7 @@ thresholds the tier chooser hands a ragged verify (:meth:`BreakEven.row_threshol
 
 Both compare a drafted tier's step price ``C`` with the off tier's ``C0`` at the same batch size ``B``: the
 difference is what the drafts cost, and the tier's expected tokens ``tau`` per request what the step earns.
+:meth:`BreakEven.worth_probing` puts off the probe of a tier that could not pay even with every draft accepted.
 Host-side floats only.
 """
 
@@ -16,7 +17,7 @@ __all__ = ["BreakEven"]
 
 class BreakEven:
     """Break-even thresholds of a :class:`~.tiers.TierChooser` (its base: reads its ``tiers``, ``cost``,
-    ``expected_tokens`` and the per-step overhead)."""
+    ``expected_tokens``, rates, probe gaps and the per-step overhead)."""
 
     def row_threshold(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float:
         """The draft path probability below which verifying one more node of ``tier`` costs the batch more than it
@@ -47,6 +48,23 @@ class BreakEven:
             return 0.0
         c, c0, tau = prices
         return tau * (c - c0) / (c + (self.overhead_seconds() or 0.0))
+
+    def worth_probing(self, tier: Tier, best: Tier, batch_size: int, alpha: float | None = None) -> bool:
+        """Whether a probe of ``tier`` that is due at ``batch_size`` runs (``best``: the tier chosen there).
+
+        A probe re-measures a tier whose acceptance may have changed; it cannot show a win where ``tier`` would lose
+        to ``best`` even with every draft accepted (``1 + steps`` tokens a request) at its fastest step measured
+        there.  Such a probe is put off to the longest gap (``probe_backoff * probe_every``), which still re-measures
+        the cost now and then.  True while either rate is unknown.  Example: batch 16, ``[3, 4]`` measured at
+        248 ms, off at 40 ms: 16 x 4 / 0.248 = 258 tokens/s at most against 400, so it waits the longest gap.
+        """
+        samples = self._cost.get((tier, self.size_class(batch_size)))
+        ceiling = self._per_second(batch_size, 1.0 + tier.steps, min(samples) if samples else None, tier)
+        top, longest = self.rate(best, batch_size, alpha), self.probe_backoff * self.probe_every
+        if ceiling is None or top is None or ceiling > top or self._gap[tier] >= longest:
+            return True
+        self._gap[tier] = longest
+        return False
 
     def _drafted_prices(self, tier: Tier, batch_size: int, alpha: float | None) -> tuple[float, float, float] | None:
         """``(C, C0, tau)`` of drafted ``tier`` at ``batch_size`` (module docstring); None for the off tier, without an

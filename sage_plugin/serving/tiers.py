@@ -66,12 +66,12 @@ has not run for its probe gap, so the estimates follow the traffic. The gap star
 tier loses (another tier still rates higher at that batch size once its feedback is in) doubles it, up to
 ``probe_backoff * probe_every``, and a tier that wins (probe or plain choice) is back to ``probe_every``: the back-off
 bounds what a deep tier that cannot pay at a large batch costs in probes, and a change of traffic is still found within
-``probe_backoff * probe_every`` steps. With ``probe_confidence`` ``z`` > 0 a probe is lost only if the tier loses even
-at its :meth:`optimistic_rate` (its fastest step there, its tokens ``z`` standard errors high), so a few unlucky early
-steps cannot hold a tier out for a whole run. Feedback may lag: the runtime calls :meth:`TierChooser.choose` when a step
-starts and :meth:`observe` when its accept counts reach the host, possibly after later steps started (overlap
-scheduling); observations are matched to steps in launch order. Batch sizes that run as one captured shape share their
-costs (:mod:`.tier_costs`).
+``probe_backoff * probe_every`` steps, the gap a probe that could not win with every draft accepted waits
+(:meth:`worth_probing`). With ``probe_confidence`` ``z`` > 0 a probe is lost only if the tier loses even at its
+:meth:`optimistic_rate` (its fastest step there, its tokens ``z`` standard errors high). Feedback may lag: the
+runtime calls :meth:`TierChooser.choose` when a step starts and :meth:`observe` when its accept counts reach the host,
+possibly after later steps started (overlap scheduling); observations are matched to steps in launch order. Batch
+sizes that run as one captured shape share their costs (:mod:`.tier_costs`).
 
 Worked example (two tiers, batch 1)::
 
@@ -258,9 +258,8 @@ class TierChooser(BreakEven, TierCosts):
     def _per_second(
         self, batch_size: int, tokens: float | None, cost: float | None, tier: Tier, speculating: float | None = None
     ) -> float | None:
-        """The batch's tokens (``B + (tokens - 1) speculating``, at most ``1 + steps`` a request; None: all at
-        ``tokens``) over ``cost`` plus the per-step overhead plus the regime's admission time for those tokens (None:
-        unknown, <= 0)."""
+        """The batch's tokens (``B + (tokens - 1) speculating``, at most ``1 + steps`` a request; None: all at ``tokens``)
+        over ``cost`` plus the per-step overhead plus the regime's admission time for them (None: unknown, <= 0)."""
         step = None if cost is None else cost + (self.overhead_seconds() or 0.0)
         if tokens is None or step is None or step <= 0.0:
             return None
@@ -308,6 +307,7 @@ class TierChooser(BreakEven, TierCosts):
             self._gap[tier] = self.probe_every
             if self.probe_every and self._probe is None:
                 due = [t for t in self.tiers if t != tier and self._steps - self._last_used[t] >= self._gap[t]]
+                due = [t for t in due if self.worth_probing(t, tier, batch_size, alpha)]
                 if due:
                     tier = min(due, key=lambda t: (self._last_used[t], t))
                     self._probe = (self._steps, tier, batch_size, alpha)

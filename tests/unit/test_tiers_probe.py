@@ -125,3 +125,28 @@ def test_a_marginally_worse_tier_costs_little_to_keep_probing():
     rate0, _ = _mean(0.0, cost=BATCH_1, p=0.5)
     rate1, _ = _mean(1.0, cost=BATCH_1, p=0.5)
     assert rate1 > 0.99 * rate0
+
+
+def test_a_probe_that_could_not_win_with_every_draft_accepted_waits_the_longest_gap():
+    """Batch 16: off at 40 ms, THREE measured at 248 ms, so even four tokens a request (258 tokens/s) lose to off's
+    400: after its measuring step THREE is probed only at the longest gap (8 x 4 steps), not at 4, 8, 16 and 32.  At
+    batch 1 (35 ms against 25) it wins and is chosen."""
+    chooser = TierChooser([OFF, THREE], probe_every=4, probe_backoff=8, unpriced_first=0)
+    costs = {1: {OFF: 0.025, THREE: 0.035}, 16: {OFF: 0.040, THREE: 0.248}}
+
+    def run(batch_size: int, steps: int) -> list[Tier]:
+        chosen = []
+        for _ in range(steps):
+            tier = chooser.choose(batch_size)
+            chooser.record_cost(tier, batch_size, costs[batch_size][tier])
+            chooser.observe([1 if tier == THREE else 0] * batch_size)  # THREE: one draft accepted, two tokens
+            chosen.append(tier)
+        return chosen
+
+    assert run(1, 6)[-1] == THREE
+    at16 = run(16, 80)
+    runs = [i for i, t in enumerate(at16) if t == THREE]
+    assert runs[0] <= 1  # measured at the new batch size (its bound from batch 1 could still win)
+    assert [b - a for a, b in zip(runs, runs[1:])] == [32] * (len(runs) - 1) and len(runs) == 3
+    assert chooser.probe_gap(THREE) == 32
+    assert run(1, 3)[-1] == THREE
