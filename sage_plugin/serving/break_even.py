@@ -58,8 +58,7 @@ class BreakEven:
         the cost now and then.  True while either rate is unknown.  Example: batch 16, ``[3, 4]`` measured at
         248 ms, off at 40 ms: 16 x 4 / 0.248 = 258 tokens/s at most against 400, so it waits the longest gap.
         """
-        samples = self._cost.get((tier, self.size_class(batch_size)))
-        ceiling = self._per_second(batch_size, 1.0 + tier.steps, min(samples) if samples else None, tier)
+        ceiling = self._per_second(batch_size, 1.0 + tier.steps, self.fastest_cost(tier, batch_size), tier)
         top, longest = self.rate(best, batch_size, alpha), self.probe_backoff * self.probe_every
         if ceiling is None or top is None or ceiling > top or self._gap[tier] >= longest:
             return True

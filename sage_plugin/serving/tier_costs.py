@@ -94,6 +94,12 @@ class TierCosts:
         cost.  Example: off measured 46 ms at 16 and 52 ms at 13 is priced 46 ms at 13."""
         return self._held.get((tier, self.size_class(batch_size)))
 
+    def fastest_cost(self, tier: Tier, batch_size: int) -> float | None:
+        """The fastest of ``tier``'s kept step timings at ``batch_size``'s size class (None until measured there): a
+        step noise has not slowed, the cost an optimistic rate is priced at."""
+        samples = self._cost.get((tier, self.size_class(batch_size)))
+        return min(samples) if samples else None
+
     def record_cost(self, tier: Tier, batch_size: int, seconds: float) -> None:
         """A measured step time of ``tier`` at ``batch_size`` (kept for its size class; dropped while the tier is warming
         up)."""

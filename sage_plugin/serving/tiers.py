@@ -251,9 +251,8 @@ class TierChooser(BreakEven, TierCosts):
     def optimistic_rate(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float | None:
         """The rate ``tier`` could still have at ``batch_size``: its fastest measured step there (noise only slows a
         step) and its expected tokens ``probe_confidence`` standard errors high.  None while either is unmeasured."""
-        samples = self._cost.get((tier, self.size_class(batch_size)))
         tokens = self.expected_tokens(tier, alpha, self.probe_confidence, batch_size)
-        return self._per_second(batch_size, tokens, min(samples) if samples else None, tier)
+        return self._per_second(batch_size, tokens, self.fastest_cost(tier, batch_size), tier)
 
     def _per_second(
         self, batch_size: int, tokens: float | None, cost: float | None, tier: Tier, speculating: float | None = None
