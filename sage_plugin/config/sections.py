@@ -264,8 +264,8 @@ class ServingConfig(_Section):
     # (docs/design/sglang-internals.md, "Ragged verify")
     ragged_verify: bool = False
     # SGLang's --min-free-slots-delay holds new requests while fewer slots are free, unbounded; SAGE's requests finish
-    # one or two at a time, so the hold leaves slots empty for many steps: hold at most this many consecutive scheduler
-    # passes (0: SGLang's unbounded hold; serving/admission_hold.py)
+    # one or two at a time, so the hold leaves slots empty for many steps: hold until this many drafted decode steps
+    # ran (off steps do not count; 0: SGLang's unbounded hold; serving/admission_hold.py)
     admission_hold_steps: int = 0
 
     def __post_init__(self) -> None:

@@ -8,13 +8,15 @@ finish one or two at a time, so each freed slot idles until ``N - 1`` more reque
 of traffic the last requests wait, with slots free, for completions that may be seconds away
 (``docs/benchmarks.md``, "Sixteen clients: staggered finishes").
 
-:class:`HoldBound` lets the delayer hold for at most ``steps`` consecutive scheduler passes; the next pass admits
-what is queued.  It counts passes, not seconds: every tensor-parallel rank runs the same passes, so all ranks admit in
-the same one (a wall clock would differ by rank and split their batches).
+:class:`HoldBound` lets the delayer hold for at most ``steps`` of the decode steps SAGE drafted meanwhile; the next
+pass admits what is queued.  Only drafted steps count: they set requests apart, while at the off tier the server decodes
+as plain decoding does, in lockstep, and holds as SGLang does (an all-off server admits exactly as a plain one).  It
+counts steps, not seconds: every tensor-parallel rank runs the same steps at the same tier, so all ranks admit in the
+same pass (a wall clock would differ by rank and split their batches).
 
-Worked example, ``steps = 2``, the delayer's verdicts over five passes ``[hold, hold, hold, admit, hold]``: the bound
-gives ``[hold, hold, admit, admit, hold]`` (the third consecutive hold is released; the delayer's own admit ends the
-run, and the next hold starts a new one).
+Worked example, ``steps = 2``: the delayer holds at four passes, and the decode steps between them are drafted, off,
+drafted: the bound gives ``[hold, hold, hold, admit]`` (the fourth pass follows the hold's second drafted step; the
+off step did not count).  The delayer's own admit ends a hold, and the next hold counts afresh.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ __all__ = ["HoldBound"]
 
 
 class HoldBound:
-    """At most ``steps`` consecutive holds (0: no bound, every verdict stands).
+    """At most ``steps`` drafted decode steps a hold (0: no bound, every verdict stands).
 
     Attributes:
-        held: consecutive passes held so far.
+        held: drafted decode steps run since the current hold began.
         released: holds the bound ended (the passes that admitted though the delayer would have held).
     """
 
@@ -36,15 +38,21 @@ class HoldBound:
         self.steps = steps
         self.held = 0
         self.released = 0
+        self._holding = False
 
     def delay(self, delayer_holds: bool) -> bool:
         """Whether this pass holds the queue, given the delayer's own verdict for it."""
         if not delayer_holds or not self.steps:
-            self.held = 0
+            self.held, self._holding = 0, False
             return delayer_holds
         if self.held < self.steps:
-            self.held += 1
+            self._holding = True
             return True
-        self.held = 0
+        self.held, self._holding = 0, False
         self.released += 1
         return False
+
+    def step(self, drafted: bool) -> None:
+        """A decode step ran, drafted or at the off tier: a drafted one counts toward the current hold's bound."""
+        if drafted and self._holding:
+            self.held += 1

@@ -3,9 +3,10 @@
 SGLang 0.5.23's ``MinFreeSlotsDelayer`` (``--min-free-slots-delay N``) holds the waiting queue while fewer than ``N``
 request slots are free, for as long as that lasts.  Speculative requests finish one or two at a time, so the hold leaves
 slots empty until ``N - 1`` more finish, and the last requests of a burst wait for the drain
-(:mod:`sage_plugin.serving.admission_hold`).  With ``admission_hold_steps = S > 0`` the hook lets the delayer hold for
-at most ``S`` consecutive scheduler passes (about ``S`` decode steps), then admits what is queued; 0 keeps SGLang's
-unbounded hold.  Outputs do not depend on it (admission order and timing only).
+(:mod:`sage_plugin.serving.admission_hold`).  With ``admission_hold_steps = S > 0`` the hook lets the delayer hold
+until ``S`` drafted decode steps ran (off steps do not count: there the server decodes as plain decoding does), then
+admits what is queued; 0 keeps SGLang's unbounded hold.  The SAGE worker reports each decode step
+(:func:`note_step`).  Outputs do not depend on it (admission order and timing only).
 
 The SAGE worker sets the bound for its process (:func:`configure`, from ``_init_sage``, which runs before SGLang builds
 the delayer); a process without a SAGE worker keeps 0, so plain and other speculative servers are untouched.
@@ -18,22 +19,31 @@ from typing import Any, Callable
 
 from sage_plugin.serving.admission_hold import HoldBound
 
-__all__ = ["ADMISSION_HOOKS", "SHOULD_DELAY", "configure", "hold_section", "should_delay"]
+__all__ = ["ADMISSION_HOOKS", "SHOULD_DELAY", "configure", "hold_section", "note_step", "should_delay"]
 
 SHOULD_DELAY = "sglang.srt.managers.min_free_slots_delayer.MinFreeSlotsDelayer.should_delay"
 
 _STEPS = [0]  # this process's bound (one scheduler a process)
+_BOUNDS: list[HoldBound] = []  # the bounds this process's delayers hold, fed by note_step
 
 
 def configure(steps: int) -> None:
-    """The bound of every delayer in this process: at most ``steps`` consecutive holds (0: SGLang's)."""
+    """The bound of every delayer in this process: at most ``steps`` drafted steps a hold (0: SGLang's)."""
     _STEPS[0] = steps
+    _BOUNDS.clear()
+
+
+def note_step(drafted: bool) -> None:
+    """A decode step of this process ran, drafted (True) or at the off tier (False)."""
+    for bound in _BOUNDS:
+        bound.step(drafted)
 
 
 def _bound(delayer: Any) -> HoldBound | None:
     bound = getattr(delayer, "_sage_hold", None)
     if bound is None and _STEPS[0]:
         bound = delayer._sage_hold = HoldBound(_STEPS[0])
+        _BOUNDS.append(bound)
     return bound
 
 

@@ -69,7 +69,7 @@ SGLANG_SUPPORT = RuntimeSupport(
         "tier_off_decode": Honoured(note="CPU; CUDA verifies the root in its captured TARGET_VERIFY graph"),
         "ragged_verify": Honoured(note="greedy batches on CPU, one rank; CUDA's captured verify has fixed rows"),
         "admission_hold_steps": Honoured(
-            note="with SGLang's --min-free-slots-delay; scheduler passes, so every rank alike"
+            note="with SGLang's --min-free-slots-delay; counted in drafted steps, so every rank alike"
         ),
         "tier_alpha_bins": _ALL,
         "cpu_overlap": Honoured(note="CPU servers; on GPUs SGLang's overlap scheduler stays on unless disabled"),

@@ -42,6 +42,7 @@ from sage_plugin.core.entropy import root_confidence
 from sage_plugin.serving.clock import HostScalar, StepClock
 
 from .admission_hold import configure as configure_hold
+from .admission_hold import note_step as note_hold_step
 from .args import sage_config_of
 from .draft_worker import SageDraftMixin, SageDraftWorker, SageEagleDraftWorker, tp_sync_due, tp_sync_group
 from .penalties import ACTIVE_VERIFY, prefilled, verify_context
@@ -166,6 +167,8 @@ class SageWorkerMixin:
             self._sage_last_end = time.perf_counter()
         else:
             self._sage_last_end = None
+        if not (prefill or idle):  # drafted steps bound the admission hold (admission_hold.py)
+            note_hold_step(tiers is None or tiers.active is None or not tiers.active.off)
         # a tier shallower than d_max truncates acceptance: it would walk the history controller's D_max down
         informative = tiers is None or tiers.active.steps >= self.sage_cfg.algorithm.d_max
         if draft is not None and slots is not None and slots.numel() > 0 and not idle:
