@@ -116,11 +116,15 @@ def draft_dir(target: Path) -> Path:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests on the shared :func:`servers` pair run after this tier's other tests (in their own order).
+    """The tests on the shared :func:`servers` pair run after this tier's other tests (in their own order, those
+    marked ``fresh_pair`` first).
 
     The pair lives until the tier ends (package scope); run first, its two idle servers would hold their memory while
     the tier's other servers start, and on CPU SGLang sizes each KV pool from the free memory it measures while
-    loading.  Only this directory's items move, within the slots they already hold."""
+    loading.  A ``fresh_pair`` test needs SAGE's tier control as a new server has it: the traffic of other tests (a
+    load of random prompts, say) teaches it that drafting does not pay, and a control that learned so rightly keeps
+    speculation off, so a test that must see drafted steps runs before that traffic.  Only this directory's items move,
+    within the slots they already hold."""
     here = Path(__file__).parent
     slots = [i for i, item in enumerate(items) if here in Path(str(item.path)).parents]
     mine = [items[i] for i in slots]
@@ -129,7 +133,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = getattr(item, "module", None)
         return "servers" in getattr(item, "fixturenames", ()) and not hasattr(module, "servers")
 
-    ordered = [item for item in mine if not on_pair(item)] + [item for item in mine if on_pair(item)]
+    pair = [item for item in mine if on_pair(item)]
+    pair.sort(key=lambda item: item.get_closest_marker("fresh_pair") is None)  # stable: fresh_pair first
+    ordered = [item for item in mine if not on_pair(item)] + pair
     for i, item in zip(slots, ordered):
         items[i] = item
 

@@ -37,6 +37,7 @@ def _prompts(n: int) -> list[str]:
     return [tok.decode(render_chat(tok, p)) for p in mixed_text_prompts(n)]
 
 
+@pytest.mark.fresh_pair  # its drafted rounds need a control no other test's traffic has turned off (conftest.py)
 def test_greedy_outputs_equal_plain_serving_on_20_prompts(servers, kv_start):
     plain, sage = servers
     prompts = _prompts(20)
