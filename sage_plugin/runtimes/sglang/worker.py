@@ -168,7 +168,7 @@ class SageWorkerMixin:
         else:
             self._sage_last_end = None
         if not (prefill or idle):  # drafted steps bound the admission hold (admission_hold.py)
-            note_hold_step(tiers is None or tiers.active is None or not tiers.active.off)
+            note_hold_step(tiers is None or not tiers.active.off)
         # a tier shallower than d_max truncates acceptance: it would walk the history controller's D_max down
         informative = tiers is None or tiers.active.steps >= self.sage_cfg.algorithm.d_max
         if draft is not None and slots is not None and slots.numel() > 0 and not idle:
