@@ -251,6 +251,10 @@ class ServingConfig(_Section):
     # accepted, shrunk toward the population's rate by this many expected drafts (serving/request_acceptance.py;
     # 0: every request priced at the population's rate)
     tier_request_prior: float = 2.0
+    # with tier_request_prior > 0, a drafted tier must also pay for the batch's median request: a step whose drafts
+    # pay for the batch through a few requests that accept most drafts, while the median request waits longer per
+    # token than an off step would keep it, runs off (serving/break_even.py, BreakEven.median_pays)
+    tier_median_request: bool = True
     # steps the off tier may leave a standalone draft behind on CPU instead of running its draft extend; the draft
     # catches up in one forward before the next drafted step, and the tier control prices each catch-up (0: every off
     # step runs the extend; the shipped CPU config sets 128; docs/design/sglang-internals.md, "The speculation-off
@@ -279,6 +283,7 @@ class ServingConfig(_Section):
         _choice("tier_control", self.tier_control, tuple(TIER_CONTROLS))
         _bool("tier_request_gate", self.tier_request_gate)
         _float_in("tier_request_prior", self.tier_request_prior, 0.0, 1000.0)
+        _bool("tier_median_request", self.tier_median_request)
         _int_in("tier_off_lag", self.tier_off_lag, 0, 1024)
         _bool("tier_off_decode", self.tier_off_decode)
         _bool("ragged_verify", self.ragged_verify)

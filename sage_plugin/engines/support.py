@@ -27,6 +27,7 @@ _NOT_READ = {
     "tier_control": _NO_TIERS,
     "tier_request_gate": _NO_TIERS,
     "tier_request_prior": _NO_TIERS,
+    "tier_median_request": _NO_TIERS,
     "tier_off_lag": _NO_TIERS,
     "tier_off_decode": _NO_TIERS,
     "ragged_verify": _NO_TIERS,

@@ -1,10 +1,12 @@
 """What one more verified node, or one more drafting request, must return for a tier's step to pay: the break-even
 thresholds the tier chooser hands a ragged verify (:meth:`BreakEven.row_threshold`) and the per-request gate
-(:meth:`BreakEven.request_break_even`), from the measured step prices of the tier and of the off tier.
+(:meth:`BreakEven.request_break_even`), from the measured step prices of the tier and of the off tier, and whether a
+drafted step pays for the batch's median request too (:meth:`BreakEven.median_pays`).
 
 Both compare a drafted tier's step price ``C`` with the off tier's ``C0`` at the same batch size ``B``: the
 difference is what the drafts cost, and the tier's expected tokens ``tau`` per request what the step earns.
-:meth:`BreakEven.worth_probing` puts off the probe of a tier that could not pay even with every draft accepted.
+:meth:`BreakEven.worth_probing` puts off the probe of a tier that could not pay even with every draft accepted, and a
+probe is judged at :meth:`BreakEven.optimistic_rate`.
 Host-side floats only.
 """
 
@@ -64,6 +66,47 @@ class BreakEven:
             return True
         self._gap[tier] = longest
         return False
+
+    def median_pays(
+        self,
+        tier: Tier,
+        batch_size: int,
+        alpha: float | None,
+        median: float,
+        behind: bool | None = None,
+        regime: Tier | None = None,
+    ) -> bool:
+        """Whether a step of ``tier`` at ``batch_size`` also pays for the batch's median request, of factor ``median``
+        on the tier's expected accepted drafts (:mod:`.request_acceptance`; 0 when it does not draft): a batch of
+        requests all like it rates at least the off tier's (both as :meth:`rate` prices them, the drafted tokens
+        ``doubt`` standard errors low).  True for the off tier, without one, or while either rate is unknown.
+
+        The batch's rate weighs each request by its tokens: out of domain a few requests accepting a draft most steps
+        carry a drafted step whose other requests each wait longer for their one token than an off step would keep
+        them, and the median request's time per token rises while the batch's tokens per second hold.  A rate of
+        ``B t / S`` against ``B / S0`` is the same test as the median request's time per token, ``S / t`` against
+        ``S0`` (``t = 1 + (tau - 1) median``, its tokens a step).  Batch 4, ``[1, 2]`` at 80 ms, off at 60 ms, 1.5
+        tokens expected, no doubt, factors 0.2, 0.3, 0.5 and 3.0: the batch earns ``4 + 0.5 x 4 = 6`` tokens, 75
+        tokens/s against 66.7, but the median request (factor 0.4) 1.2 tokens a step, 60 tokens/s for a batch like
+        it: the off tier.
+        """
+        off = next((t for t in self.tiers if t.off), None)
+        if tier.off or off is None:
+            return True
+        mine = self.rate(tier, batch_size, alpha, batch_size * median, -self.doubt, behind, regime)
+        base = self.rate(off, batch_size, alpha, None, 0.0, behind, regime)
+        return mine is None or base is None or mine >= base
+
+    def optimistic_rate(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float | None:
+        """The rate ``tier`` could still have at ``batch_size``: its fastest measured step there (noise only slows a
+        step) and its expected tokens ``probe_confidence`` standard errors high.  None while either is unmeasured."""
+        tokens = self.expected_tokens(tier, alpha, self.probe_confidence, batch_size)
+        return self._per_second(batch_size, tokens, self.fastest_cost(tier, batch_size), tier)
+
+    def _could_win(self, tier: Tier, best: Tier | None, batch_size: int, alpha: float | None) -> bool:
+        """Whether ``tier``'s :meth:`optimistic_rate` reaches ``best``'s rate (True when either is unknown)."""
+        opt, top = self.optimistic_rate(tier, batch_size, alpha), best and self.rate(best, batch_size, alpha)
+        return opt is None or top is None or opt >= top
 
     def _drafted_prices(self, tier: Tier, batch_size: int, alpha: float | None) -> tuple[float, float, float] | None:
         """``(C, C0, tau)`` of drafted ``tier`` at ``batch_size`` (module docstring); None for the off tier, without an

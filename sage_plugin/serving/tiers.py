@@ -244,15 +244,9 @@ class TierChooser(BreakEven, TierCosts):
         regime = regime or self.regime(batch_size, speculating)
         return price if regime is not None and regime.off != tier.off else 0.0
 
-    def regime(self, batch_size: int, speculating: float | None = None) -> Tier | None:
+    def regime(self, batch_size: int, speculating: float | None = None, median: float | None = None) -> Tier | None:
         """The long-run tier at ``batch_size``: the best at overall acceptance (no alpha), no catch-up charged."""
-        return self.best(batch_size, None, speculating)
-
-    def optimistic_rate(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float | None:
-        """The rate ``tier`` could still have at ``batch_size``: its fastest measured step there (noise only slows a
-        step) and its expected tokens ``probe_confidence`` standard errors high.  None while either is unmeasured."""
-        tokens = self.expected_tokens(tier, alpha, self.probe_confidence, batch_size)
-        return self._per_second(batch_size, tokens, self.fastest_cost(tier, batch_size), tier)
+        return self.best(batch_size, None, speculating, median=median)
 
     def _per_second(
         self, batch_size: int, tokens: float | None, cost: float | None, tier: Tier, speculating: float | None = None
@@ -274,16 +268,19 @@ class TierChooser(BreakEven, TierCosts):
         speculating: float | None = None,
         drafted: bool = False,
         behind: bool | None = None,
+        median: float | None = None,
     ) -> Tier | None:
         """The tier with the highest known rate at ``batch_size`` and mean alpha ``alpha`` (ties: fewer steps), a
         drafted tier's tokens ``doubt`` standard errors low, the catch-up charged as :meth:`rate` does for ``behind``
-        (against the regime, found once for every tier); None if none is known.  ``drafted``: drafted tiers only."""
+        (against the regime, found once for every tier); None if none is known.  ``drafted``: drafted tiers only.
+        ``median``: the median request's factor; a drafted tier must also pay for it (:meth:`median_pays`)."""
         candidates = [t for t in self.tiers if not (drafted and t.off)]
-        regime = self.regime(batch_size, speculating) if behind is not None and self.catch_up(batch_size) else None
+        lag = behind is not None and self.catch_up(batch_size)
+        regime = self.regime(batch_size, speculating, median) if lag else None
         rated = [
             (r, t) for t in candidates
             if (r := self.rate(t, batch_size, alpha, speculating, 0.0 if t.off else -self.doubt, behind, regime))
-            is not None
+            is not None and (median is None or self.median_pays(t, batch_size, alpha, median, behind, regime))
         ]  # fmt: skip
         if not rated:
             return None
@@ -292,17 +289,23 @@ class TierChooser(BreakEven, TierCosts):
 
     # -- the per-step protocol ----------------------------------------------------------------------------
     def choose(
-        self, batch_size: int, alpha: float | None = None, speculating: float | None = None, behind: bool | None = None
+        self,
+        batch_size: int,
+        alpha: float | None = None,
+        speculating: float | None = None,
+        behind: bool | None = None,
+        median: float | None = None,
     ) -> Tier:
         """The tier of the step about to start, for a batch of mean alpha ``alpha`` (None: unknown) of which
         ``speculating`` would draft (:meth:`rate`; 0: the off tier, unmeasured tiers and probes wait), the draft
-        ``behind`` or not (None: no lag; module docstring, "A lagging draft"), pending until :meth:`observe`."""
+        ``behind`` or not (None: no lag; module docstring, "A lagging draft"), the median request's factor ``median``
+        (None: not priced; :meth:`best`), pending until :meth:`observe`."""
         self._steps += 1
         self._judge_probe()
         off = self.tiers[0] if self.tiers[0].off else None
         tier = off if speculating == 0 and off is not None else self._unmeasured(batch_size, alpha)
         if tier is None:
-            tier = self.best(batch_size, alpha, speculating, behind=behind) or self.tiers[-1]
+            tier = self.best(batch_size, alpha, speculating, behind=behind, median=median) or self.tiers[-1]
             self._gap[tier] = self.probe_every
             if self.probe_every and self._probe is None:
                 due = [t for t in self.tiers if t != tier and self._steps - self._last_used[t] >= self._gap[t]]
@@ -334,11 +337,6 @@ class TierChooser(BreakEven, TierCosts):
             self._gap[tier] = self.probe_every
         else:
             self._gap[tier] = min(2 * self._gap[tier], self.probe_backoff * self.probe_every)
-
-    def _could_win(self, tier: Tier, best: Tier | None, batch_size: int, alpha: float | None) -> bool:
-        """Whether ``tier``'s :meth:`optimistic_rate` reaches ``best``'s rate (True when either is unknown)."""
-        opt, top = self.optimistic_rate(tier, batch_size, alpha), best and self.rate(best, batch_size, alpha)
-        return opt is None or top is None or opt >= top
 
     def observe(self, accepted_drafts: Sequence[int], others: int = 0) -> Tier | None:
         """Accepted draft counts (bonus token excluded) of the oldest pending step, one per request (with a

@@ -30,6 +30,7 @@ OTHER_VALUES: dict[str, list] = {
     "tier_control": ["measured"],
     "tier_request_gate": [True],
     "tier_request_prior": [0.0, 0.5],
+    "tier_median_request": [False],
     "tier_off_lag": [16, 1, 1024],
     "tier_off_decode": [False],
     "ragged_verify": [True],

@@ -38,6 +38,7 @@ BAD_VALUES: dict[str, list] = {
     "tier_control": ["calibrate", "", None],
     "tier_request_gate": [1, "yes", None],
     "tier_request_prior": [-1.0, 1000.5, "2", None],
+    "tier_median_request": [1, "yes", None],
     "tier_off_lag": [-1, 1025, 2.5, "16", None],
     "tier_off_decode": [1, "true", None],
     "ragged_verify": [1, "true", None],

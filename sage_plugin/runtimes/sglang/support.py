@@ -65,6 +65,7 @@ SGLANG_SUPPORT = RuntimeSupport(
         "tier_control": _ALL,
         "tier_request_gate": _ALL,
         "tier_request_prior": _ALL,
+        "tier_median_request": _ALL,
         "tier_off_lag": Honoured(note="standalone drafts on CPU; EAGLE heads and CUDA run the off tier's draft extend"),
         "tier_off_decode": Honoured(note="CPU; CUDA verifies the root in its captured TARGET_VERIFY graph"),
         "ragged_verify": Honoured(note="greedy batches on CPU, one rank; CUDA's captured verify has fixed rows"),

@@ -127,6 +127,7 @@ class SageTierController(AdaptiveController):
         shared: with tensor parallelism, rank 0's timings for every rank.
         gate: the per-request gate (None: every request of a drafted step speculates).
         acceptance: each request's acceptance factor (None: requests priced at the population's rate).
+        median: with ``acceptance``, price the batch's median request too (``--sage-tier-median-request``).
     """
 
     def __init__(
@@ -136,8 +137,11 @@ class SageTierController(AdaptiveController):
         shared: RankZeroTimes | None = None,
         gate: RequestGate | None = None,
         acceptance: RequestAcceptance | None = None,
+        median: bool = False,
     ) -> None:
         super().__init__(worker, _ChooserPolicy(chooser))
+        #: with ``acceptance``, a drafted tier must also pay for the batch's median request (``TierChooser.best``)
+        self.median = median and acceptance is not None
         self.chooser = chooser
         #: with tensor parallelism, rank 0's step timings shared with every rank (None: this rank's own)
         self.shared = shared
@@ -175,10 +179,11 @@ class SageTierController(AdaptiveController):
 
     def activate_step_by_batch(self, batch_size: int) -> None:
         step = self._gate_plan(batch_size)
-        speculating = None if step.mask is None else sum(step.mask)
+        speculating, median = None if step.mask is None else sum(step.mask), None
         if self.acceptance is not None and step.keys is not None:  # the drafting requests, each at its own rate
             speculating = self.acceptance.weight(step.keys, step.mask)
-        tier = self.chooser.choose(batch_size, self.alpha, speculating, self.behind)
+            median = self.acceptance.median(step.keys, step.mask) if self.median else None
+        tier = self.chooser.choose(batch_size, self.alpha, speculating, self.behind, median)
         step.tier = tier
         if tier.off:
             step.mask = None if step.keys is None else [False] * len(step.keys)

@@ -106,8 +106,9 @@ class SageWorkerMixin:
                     shared = RankZeroTimes(chooser, tp.rank_in_group,
                                            lambda t: torch.distributed.broadcast(t, src=src, group=group))  # fmt: skip
                 self.sage_tiers = SageTierController(
-                    self, chooser, shared, request_gate(cfg.serving), request_acceptance(cfg.serving)
-                )
+                    self, chooser, shared, request_gate(cfg.serving), request_acceptance(cfg.serving),
+                    cfg.serving.tier_median_request,
+                )  # fmt: skip
                 self._sage_alpha = HostScalar(self.device, fixed_lag=HostScalar.RING - 1 if shared else None)
                 self._sage_tp = tp_sync_group(cfg.runtime)
                 self.adaptive_controller = self.sage_tiers

@@ -49,6 +49,7 @@ _TIERS = {
     "tier_control": "no tiers",
     "tier_request_gate": "no tiers",
     "tier_request_prior": "no tiers",
+    "tier_median_request": "no tiers",
     "tier_off_lag": "no tiers",
     "tier_off_decode": "no tiers",
     "ragged_verify": "no tiers",

@@ -14,12 +14,14 @@ stops accepts none (its root is verified alone).  Step costs are the 2-core CPU'
 * with the per-request gate, two requests whose drafts collapse stop speculating while the other six go on;
 * one request at a time, each priced at its own acceptance: requests whose drafts fail go off after a few steps while
   requests whose drafts pass keep drafting;
+* a batch carried by one request whose drafts pass goes off where its median request would serve slower than off;
 * two tensor-parallel ranks timing their steps and prefill passes differently choose the same tiers and masks.
 """
 
 from __future__ import annotations
 
 import random
+import statistics
 
 import pytest
 
@@ -71,7 +73,7 @@ def _controller(control: str, gate: bool = False, shared_rank: int | None = None
     chooser = tier_chooser(cfg.serving)
     shared = None if broadcast is None else RankZeroTimes(chooser, shared_rank, broadcast, every=8)
     gate_, acceptance = request_gate(cfg.serving), request_acceptance(cfg.serving)
-    ctl = SageTierController(RecordingWorker(3, 4), chooser, shared, gate_, acceptance)
+    ctl = SageTierController(RecordingWorker(3, 4), chooser, shared, gate_, acceptance, cfg.serving.tier_median_request)
     ctl.init_states()
     return ctl
 
@@ -205,6 +207,35 @@ def test_each_request_is_priced_at_its_own_acceptance():
     assert max(bad_t[2:]) <= 1.06 * COSTS[1][0]
     assert min(good[2:]) >= 0.9 and max(good_t[2:]) < 0.8 * COSTS[1][0]  # the passing requests keep drafting
     assert rate > rate0
+
+
+def test_a_drafted_step_must_pay_for_the_median_request():
+    """Four requests, one whose drafts almost always pass and three whose drafts almost never do.  Priced by the
+    batch's tokens alone (``tier_median_request: false``) the first request carries the batch: most steps draft
+    ``[1, 2]`` and the three others wait longer for each of their tokens than an off step would keep them.  With the
+    median request priced the steps are off but for probes, and the median request's time a token is within a few
+    percent of the off step's; the batch gives up the tokens the first request's drafts returned."""
+    bs, dead = 4, (0.02, 0.3, 0.3)
+    draft = RecordedDraft([(400, {0: (0.95, 0.9, 0.9), 1: dead, 2: dead, 3: dead})], bs, seed=3)
+
+    def figures(ctl):
+        steps = _drive(ctl, draft, bs)[100:]
+        drafted = sum(not t.off for t, _ in steps) / len(steps)
+        seconds = sum(COSTS[bs][t.steps] for t, _ in steps)
+        tokens = [0] * bs
+        for i, (tier, mask) in enumerate(steps, start=100):
+            for r, a in enumerate(draft.accepted(i, tier, mask)):
+                tokens[r] += 1 + a
+        per_token = sorted(seconds / n for n in tokens)
+        return drafted, statistics.median(per_token), sum(tokens) / seconds
+
+    drafted, median_t, rate = figures(_controller("calibrated"))
+    drafted0, median_t0, rate0 = figures(_controller("calibrated", tier_median_request=False))
+    assert drafted0 >= 0.8 and median_t0 >= 1.08 * COSTS[bs][0]  # the batch's rate alone: the median request loses
+    assert rate0 > 1.05 * bs / COSTS[bs][0]  # ... while the batch gains
+    assert drafted <= 0.15  # probes only
+    assert median_t <= 1.03 * COSTS[bs][0]  # the probes of the drafted tiers aside, off steps
+    assert rate < rate0
 
 
 def test_tensor_parallel_ranks_choose_the_same_tiers_and_masks():
