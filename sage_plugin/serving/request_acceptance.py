@@ -20,7 +20,9 @@ population's estimate leaves unexplained, whatever tiers the request ran at.  Th
 drafting requests weighted by their factors (:meth:`weight`, ``TierChooser.choose(speculating=...)``): a batch of
 ``B`` requests at a tier of ``tau`` expected tokens returns ``B + (tau - 1) sum m_r`` tokens.  At sixteen requests
 of one population the factors average about 1 and the price is the population's; at one or a few requests the tier
-follows the requests in the batch.  A request held off this way is re-measured by the chooser's probes.
+follows the requests in the batch.  A request held off this way is re-measured by the chooser's probes.  The batch's
+median factor (:meth:`median`) prices its median request too (``BreakEven.median_pays``): a drafted step must pay
+for it as well as for the batch.
 
 Worked example (``c = 2``, ``memory = 16``): a request alone in its batch, ``[3, 4]`` expected to accept 0.8 drafts a
 step. After 4 drafted steps accepting none, ``E = 0.8 (1 + d + d^2 + d^3) = 2.91`` (``d = 1 - 1/16``), ``m = 2 / 4.91 =

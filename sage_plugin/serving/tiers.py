@@ -46,7 +46,7 @@ confidence as the prior only; ``change_z`` > 0 replaces the long memory by a sho
 tokens ``doubt`` standard errors low); ``admission`` adds what each regime pays in admissions per token
 (:mod:`.admission`); :meth:`TierChooser.choose` takes how many of the batch's requests speculate (a per-request gate,
 :mod:`.request_gate`, whose threshold is :meth:`TierChooser.request_break_even`), each weighted by its own acceptance
-(:mod:`.request_acceptance`).
+(:mod:`.request_acceptance`), and their median factor, for which a drafted tier must pay too (``median_pays``).
 
 A lagging draft (SGLang's ``tier_off_lag``: off steps skip the draft's extend, and the next drafted step first
 catches the draft up in one forward, :meth:`record_catch_up` its price): :meth:`choose` takes whether the draft is
