@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .tier_costs import Tier
 
-__all__ = ["BreakEven"]
+__all__ = ["BreakEven", "top_tier"]
 
 
 class BreakEven:
@@ -75,11 +75,13 @@ class BreakEven:
         median: float,
         behind: bool | None = None,
         regime: Tier | None = None,
+        floor: float | None = None,
     ) -> bool:
         """Whether a step of ``tier`` at ``batch_size`` also pays for the batch's median request, of factor ``median``
         on the tier's expected accepted drafts (:mod:`.request_acceptance`; 0 when it does not draft): a batch of
         requests all like it rates at least the off tier's (both as :meth:`rate` prices them, the drafted tokens
-        ``doubt`` standard errors low).  True for the off tier, without one, or while either rate is unknown.
+        ``doubt`` standard errors low; ``floor``: the off tier's rate if the caller has it).  True for the off tier,
+        without one, or while either rate is unknown.
 
         The batch's rate weighs each request by its tokens: out of domain a few requests accepting a draft most steps
         carry a drafted step whose other requests each wait longer for their one token than an off step would keep
@@ -94,7 +96,7 @@ class BreakEven:
         if tier.off or off is None:
             return True
         mine = self.rate(tier, batch_size, alpha, batch_size * median, -self.doubt, behind, regime)
-        base = self.rate(off, batch_size, alpha, None, 0.0, behind, regime)
+        base = floor if floor is not None else self.rate(off, batch_size, alpha, None, 0.0, behind, regime)
         return mine is None or base is None or mine >= base
 
     def optimistic_rate(self, tier: Tier, batch_size: int, alpha: float | None = None) -> float | None:
@@ -108,6 +110,15 @@ class BreakEven:
         opt, top = self.optimistic_rate(tier, batch_size, alpha), best and self.rate(best, batch_size, alpha)
         return opt is None or top is None or opt >= top
 
+    def _can_win(self, tier: Tier, batch_size: int, alpha: float | None) -> bool:
+        """Whether ``tier``'s best possible rate at ``batch_size`` (its expected tokens at ``alpha`` over
+        :meth:`cost_bound`) exceeds the best rate measured there; True when either side is unknown."""
+        bound, best = self.cost_bound(tier, batch_size), self.best(batch_size, alpha)
+        if bound is None or best is None:
+            return True
+        optimistic = self._per_second(batch_size, self.expected_tokens(tier, alpha, batch_size=batch_size), bound, tier)
+        return optimistic > self.rate(best, batch_size, alpha)
+
     def _drafted_prices(self, tier: Tier, batch_size: int, alpha: float | None) -> tuple[float, float, float] | None:
         """``(C, C0, tau)`` of drafted ``tier`` at ``batch_size`` (module docstring); None for the off tier, without an
         off tier, while any is unmeasured, or where the tier's step costs no more than the off tier's."""
@@ -119,3 +130,11 @@ class BreakEven:
         if c is None or c0 is None or tau is None or c <= c0:
             return None
         return c, c0, tau
+
+
+def top_tier(rated: list[tuple[float, Tier]]) -> Tier | None:
+    """The tier of the highest rate in ``rated`` (ties: fewer steps; None when empty)."""
+    if not rated:
+        return None
+    top = max(r for r, _ in rated)
+    return min(t for r, t in rated if r == top)

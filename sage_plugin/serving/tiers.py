@@ -89,7 +89,7 @@ from typing import Sequence
 
 from ..core.calibration import calibration_bin
 from .admission import AdmissionPrice
-from .break_even import BreakEven
+from .break_even import BreakEven, top_tier
 from .tier_costs import Tier, TierCosts, parse_tiers
 from .tier_levels import LevelModel
 from .tier_report import TierTally, tier_summary
@@ -171,6 +171,7 @@ class TierChooser(BreakEven, TierCosts):
         self._pending: deque[tuple[int, Tier, int | None, int, float | None]] = deque(maxlen=8)
         self.tally = TierTally(self.tiers)  # steps per size class, accepted drafts per request credited
         self._steps = 0
+        self.median_offs = 0  # steps chosen off for the median request where the batch's rate alone drafts (metrics)
 
     # -- estimates ----------------------------------------------------------------------------------------
     def alpha_bin(self, alpha: float | None) -> int | None:
@@ -274,18 +275,27 @@ class TierChooser(BreakEven, TierCosts):
         drafted tier's tokens ``doubt`` standard errors low, the catch-up charged as :meth:`rate` does for ``behind``
         (against the regime, found once for every tier); None if none is known.  ``drafted``: drafted tiers only.
         ``median``: the median request's factor; a drafted tier must also pay for it (:meth:`median_pays`)."""
+        return self._ranked(batch_size, alpha, speculating, drafted, behind, median)[0]
+
+    def _ranked(
+        self, batch_size: int, alpha: float | None, speculating: float | None, drafted: bool, behind: bool | None,
+        median: float | None,
+    ) -> tuple[Tier | None, Tier | None]:  # fmt: skip
+        """:meth:`best`, and the tier that wins on the batch's rate alone (``median`` not priced), from one pass."""
         candidates = [t for t in self.tiers if not (drafted and t.off)]
         lag = behind is not None and self.catch_up(batch_size)
         regime = self.regime(batch_size, speculating, median) if lag else None
         rated = [
             (r, t) for t in candidates
             if (r := self.rate(t, batch_size, alpha, speculating, 0.0 if t.off else -self.doubt, behind, regime))
-            is not None and (median is None or self.median_pays(t, batch_size, alpha, median, behind, regime))
+            is not None
         ]  # fmt: skip
-        if not rated:
-            return None
-        top = max(r for r, _ in rated)
-        return min(t for r, t in rated if r == top)
+        alone = top_tier(rated)
+        if median is None:
+            return alone, alone
+        floor = next((r for r, t in rated if t.off), None)  # the off tier's rate, priced once for every tier
+        paying = [(r, t) for r, t in rated if self.median_pays(t, batch_size, alpha, median, behind, regime, floor)]
+        return top_tier(paying), alone
 
     # -- the per-step protocol ----------------------------------------------------------------------------
     def choose(
@@ -305,7 +315,8 @@ class TierChooser(BreakEven, TierCosts):
         off = self.tiers[0] if self.tiers[0].off else None
         tier = off if speculating == 0 and off is not None else self._unmeasured(batch_size, alpha)
         if tier is None:
-            tier = self.best(batch_size, alpha, speculating, behind=behind, median=median) or self.tiers[-1]
+            tier, alone = self._ranked(batch_size, alpha, speculating, False, behind, median)
+            tier = tier or self.tiers[-1]
             self._gap[tier] = self.probe_every
             if self.probe_every and self._probe is None:
                 due = [t for t in self.tiers if t != tier and self._steps - self._last_used[t] >= self._gap[t]]
@@ -313,6 +324,7 @@ class TierChooser(BreakEven, TierCosts):
                 if due:
                     tier = min(due, key=lambda t: (self._last_used[t], t))
                     self._probe = (self._steps, tier, batch_size, alpha)
+            self.median_offs += median is not None and tier.off and alone is not None and not alone.off
         self._last_used[tier] = self._steps
         size = self.size_class(batch_size)
         expected = None if tier.off else self.expected_tokens(tier, alpha, 0.0, batch_size)
@@ -382,15 +394,6 @@ class TierChooser(BreakEven, TierCosts):
             if self.cost(tier, batch_size) is None and self._can_win(tier, batch_size, alpha):
                 return tier
         return None
-
-    def _can_win(self, tier: Tier, batch_size: int, alpha: float | None) -> bool:
-        """Whether ``tier``'s best possible rate at ``batch_size`` (its expected tokens at ``alpha`` over
-        :meth:`cost_bound`) exceeds the best rate measured there; True when either side is unknown."""
-        bound, best = self.cost_bound(tier, batch_size), self.best(batch_size, alpha)
-        if bound is None or best is None:
-            return True
-        optimistic = self._per_second(batch_size, self.expected_tokens(tier, alpha, batch_size=batch_size), bound, tier)
-        return optimistic > self.rate(best, batch_size, alpha)
 
     def summary(self) -> dict[str, dict[str, float | None]]:
         """The chooser's estimates, costs and step counts for metrics (:func:`.tier_report.tier_summary`)."""

@@ -181,7 +181,8 @@ def add_speculative_state(original: Callable[..., Any], self: Any, state: dict) 
         section["tiers"] = tiers.chooser.summary()
         section["tier_switches"] = tiers.switches
         if tiers.acceptance is not None:  # --sage-tier-request-prior: each request's own rate (request_acceptance.py)
-            section["request_acceptance"] = {**tiers.acceptance.summary(), "median_off_steps": tiers.median_offs}
+            offs = tiers.chooser.median_offs  # --sage-tier-median-request: steps off for the median request
+            section["request_acceptance"] = {**tiers.acceptance.summary(), "median_off_steps": offs}
         section["off_decode_steps"] = worker.sage_off_decode_steps  # --sage-tier-off-decode (off_decode.py)
         steps, rows, drafted = worker.sage_ragged_rows  # --sage-ragged-verify (ragged_verify.py)
         section["ragged_verify"] = {"steps": steps, "rows": rows, "rows_drafted": drafted}

@@ -142,7 +142,6 @@ class SageTierController(AdaptiveController):
         super().__init__(worker, _ChooserPolicy(chooser))
         #: with ``acceptance``, a drafted tier must also pay for the batch's median request (``TierChooser.best``)
         self.median = median and acceptance is not None
-        self.median_offs = 0  # off steps the batch's rate alone would have drafted (metrics)
         self.chooser = chooser
         #: with tensor parallelism, rank 0's step timings shared with every rank (None: this rank's own)
         self.shared = shared
@@ -185,9 +184,6 @@ class SageTierController(AdaptiveController):
             speculating = self.acceptance.weight(step.keys, step.mask)
             median = self.acceptance.median(step.keys, step.mask) if self.median else None
         tier = self.chooser.choose(batch_size, self.alpha, speculating, self.behind, median)
-        if median is not None and tier.off:
-            alone = self.chooser.best(batch_size, self.alpha, speculating, behind=self.behind)
-            self.median_offs += alone is not None and not alone.off
         step.tier = tier
         if tier.off:
             step.mask = None if step.keys is None else [False] * len(step.keys)

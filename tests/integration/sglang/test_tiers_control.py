@@ -232,7 +232,8 @@ def test_a_drafted_step_must_pay_for_the_median_request():
     ctl, ctl0 = _controller("calibrated"), _controller("calibrated", tier_median_request=False)
     drafted, median_t, rate = figures(ctl)
     drafted0, median_t0, rate0 = figures(ctl0)
-    assert ctl.median_offs >= 0.8 * 300 and ctl0.median_offs == 0  # the steps the median request turned off
+    offs, offs0 = ctl.chooser.median_offs, ctl0.chooser.median_offs  # the steps the median request turned off
+    assert offs >= 0.8 * 300 and offs0 == 0
     assert drafted0 >= 0.8 and median_t0 >= 1.08 * COSTS[bs][0]  # the batch's rate alone: the median request loses
     assert rate0 > 1.05 * bs / COSTS[bs][0]  # ... while the batch gains
     assert drafted <= 0.15  # probes only
